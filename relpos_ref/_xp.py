@@ -1,0 +1,108 @@
+"""The one place that talks to ``array_api_compat``.
+
+Everything else in the core asks this module for a namespace, a device or the
+index dtype, so that backend detection stays lazy (no array library is
+imported until an array of it is seen) and is done the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat
+
+__all__ = [
+    "array_namespace",
+    "check_floating",
+    "check_same_dtype",
+    "device",
+    "index_dtype",
+    "library_name",
+    "size",
+]
+
+
+def library_name(x: Any) -> str:
+    """Name of the library an array belongs to, for error messages."""
+    module = type(x).__module__ or ""
+    return module.split(".", 1)[0] or type(x).__name__
+
+
+def array_namespace(*arrays: Any) -> Any:
+    """Array API namespace shared by `arrays`, ignoring ``None`` entries.
+
+    Parameters
+    ----------
+    *arrays
+        Arrays of one library (``None`` entries are skipped).
+
+    Returns
+    -------
+    namespace
+        The array API compatible namespace, e.g. ``array_api_compat.numpy``.
+
+    Raises
+    ------
+    TypeError
+        If no array is given, an argument is not an array, or the arrays
+        come from different libraries (the message names them).
+    """
+    present = [a for a in arrays if a is not None]
+    if not present:
+        msg = "expected at least one array, got none"
+        raise TypeError(msg)
+    for a in present:
+        if not array_api_compat.is_array_api_obj(a):
+            msg = f"expected an array, got an object of type {type(a).__name__!r}"
+            raise TypeError(msg)
+    names = sorted({library_name(a) for a in present})
+    if len(names) > 1:
+        msg = (
+            "arrays come from different libraries "
+            f"({', '.join(names)}); convert them to one library first"
+        )
+        raise TypeError(msg)
+    return array_api_compat.array_namespace(*present)
+
+
+def device(x: Any) -> Any:
+    """Device on which array `x` lives (``None``-free, per the standard)."""
+    return array_api_compat.device(x)
+
+
+def index_dtype(xp: Any, device: Any = None) -> Any:
+    """Default indexing dtype of namespace `xp` on `device`.
+
+    Uses ``__array_namespace_info__().default_dtypes`` where the namespace
+    has it (array API 2023.12 and later) and falls back to ``xp.int64``.
+    """
+    info = getattr(xp, "__array_namespace_info__", None)
+    if info is not None:
+        return info().default_dtypes(device=device)["indexing"]
+    return xp.int64
+
+
+def check_floating(xp: Any, name: str, x: Any) -> None:
+    """Raise a `TypeError` naming `name` unless `x` has a real floating dtype."""
+    if not xp.isdtype(x.dtype, "real floating"):
+        msg = f"`{name}` must have a real floating dtype, got {x.dtype}"
+        raise TypeError(msg)
+
+
+def check_same_dtype(**named: Any) -> None:
+    """Raise a `TypeError` unless all given arrays share one dtype.
+
+    The core never promotes silently: mixing float32 and float64 would upcast
+    the result, so it is refused and the message names each array's dtype.
+    """
+    present = {k: v for k, v in named.items() if v is not None}
+    dtypes = {v.dtype for v in present.values()}
+    if len(dtypes) > 1:
+        listing = ", ".join(f"`{k}` is {v.dtype}" for k, v in present.items())
+        msg = f"arrays must share one floating dtype (no silent upcast): {listing}"
+        raise TypeError(msg)
+
+
+def size(x: Any) -> int | None:
+    """Number of elements of `x` from its shape (``None`` if a dimension is unknown)."""
+    return array_api_compat.size(x)

@@ -1,0 +1,140 @@
+"""Loop-style NumPy definitions, element by element, written from the formulas.
+
+Independent of the code under test: no vectorized tricks, no imports from
+``relpos_ref``. Each function is the sentence of the design notes or the
+paper, spelled out with ``for`` loops and ``math`` in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def relative_positions(t_q: int, t_k: int, q_offset: int = 0) -> np.ndarray:
+    """r[i, j] = pos_k(j) - pos_q(i) with pos_q(i) = i + q_offset, pos_k(j) = j."""
+    out = np.zeros((t_q, t_k), dtype=np.int64)
+    for i in range(t_q):
+        for j in range(t_k):
+            out[i, j] = j - (i + q_offset)
+    return out
+
+
+def table_index(r: np.ndarray, k: int, beyond: str) -> tuple[np.ndarray, np.ndarray]:
+    """Two-sided table: rows for -K..K, row r + K; beyond the table per policy."""
+    index = np.zeros(r.shape, dtype=np.int64)
+    valid = np.zeros(r.shape, dtype=bool)
+    for pos in np.ndindex(r.shape):
+        d = int(r[pos])
+        if -k <= d <= k:
+            index[pos], valid[pos] = d + k, True
+        elif beyond == "error":
+            raise ValueError(d)
+        else:
+            nearest = -k if d < -k else k
+            index[pos], valid[pos] = nearest + k, beyond == "clip"
+    return index, valid
+
+
+def causal_table_index(r: np.ndarray, m: int, beyond: str) -> tuple[np.ndarray, np.ndarray]:
+    """One-sided table: rows for -(M-1)..0, row r + M - 1; the future has no row."""
+    index = np.zeros(r.shape, dtype=np.int64)
+    valid = np.zeros(r.shape, dtype=bool)
+    for pos in np.ndindex(r.shape):
+        d = int(r[pos])
+        if d > 0:
+            index[pos], valid[pos] = m - 1, False
+        elif d >= -(m - 1):
+            index[pos], valid[pos] = d + m - 1, True
+        elif beyond == "error":
+            raise ValueError(d)
+        else:
+            index[pos], valid[pos] = 0, beyond == "clip"
+    return index, valid
+
+
+def grid_positions(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token n of a row-major h x w grid sits at (n // w, n % w)."""
+    rows, cols = [], []
+    for y in range(h):
+        for x in range(w):
+            rows.append(y)
+            cols.append(x)
+    return np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+
+
+def relative_to_absolute(
+    x: np.ndarray, t_k: int, offset: int, q_offset: int = 0, reverse: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """out[..., i, j] = x[..., i, r + offset]; zero where the column does not exist.
+
+    With ``reverse=True`` the columns run from the most distant future:
+    column c stands for r = offset - c. Also returns where the column exists.
+    """
+    *batch, t_q, n_rel = x.shape
+    out = np.zeros((*batch, t_q, t_k), dtype=x.dtype)
+    exists = np.zeros((t_q, t_k), dtype=bool)
+    for i in range(t_q):
+        for j in range(t_k):
+            r = j - (i + q_offset)
+            c = offset - r if reverse else r + offset
+            if 0 <= c < n_rel:
+                out[..., i, j] = x[..., i, c]
+                exists[i, j] = True
+    return out, exists
+
+
+def attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    scale: float | None = None,
+    mask: np.ndarray | None = None,
+    causal: bool = False,
+    q_offset: int = 0,
+    bias: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """softmax over allowed keys of scale * q.k + bias, times v; empty rows zero.
+
+    Computed in float64 with explicit loops over queries and keys.
+    """
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    t_q, d = q.shape[-2:]
+    t_k, d_v = v.shape[-2:]
+    s = 1.0 / math.sqrt(d) if scale is None else scale
+    bias = np.zeros((t_q, t_k)) if bias is None else np.asarray(bias, dtype=np.float64)
+    mask = np.ones((t_q, t_k), dtype=bool) if mask is None else np.asarray(mask)
+    batch = np.broadcast_shapes(
+        q.shape[:-2], k.shape[:-2], v.shape[:-2], bias.shape[:-2], mask.shape[:-2]
+    )
+    q = np.broadcast_to(q, (*batch, t_q, d))
+    k = np.broadcast_to(k, (*batch, t_k, d))
+    v = np.broadcast_to(v, (*batch, t_k, d_v))
+    bias = np.broadcast_to(bias, (*batch, t_q, t_k))
+    mask = np.broadcast_to(mask, (*batch, t_q, t_k))
+    out = np.zeros((*batch, t_q, d_v))
+    weights = np.zeros((*batch, t_q, t_k))
+    for b in np.ndindex(batch):
+        for i in range(t_q):
+            scores = {}
+            for j in range(t_k):
+                if not mask[(*b, i, j)]:
+                    continue
+                if causal and j - (i + q_offset) > 0:
+                    continue
+                dot = sum(q[(*b, i, c)] * k[(*b, j, c)] for c in range(d))
+                value = s * dot + bias[(*b, i, j)]
+                if value != -math.inf:
+                    scores[j] = value
+            if not scores:
+                continue
+            top = max(scores.values())
+            total = sum(math.exp(x - top) for x in scores.values())
+            for j, x in scores.items():
+                w = math.exp(x - top) / total
+                weights[(*b, i, j)] = w
+                for c in range(d_v):
+                    out[(*b, i, c)] += w * v[(*b, j, c)]
+    return out, weights

@@ -1,0 +1,138 @@
+"""Shared fixtures: one test run per available backend, and hypothesis profiles.
+
+The ``backend`` fixture (and ``xp``, its namespace) parametrizes a test over
+every array library selected by ``RELPOS_BACKENDS`` (all by default): NumPy,
+array-api-strict in a pinned and a "strictest" profile, torch on the CPU and
+CUDA, JAX, CuPy and dask. A library that is missing, or a GPU that is absent,
+shows up as a skip with the reason.
+
+Hypothesis profiles: ``ci`` (default, modest example counts, derandomized)
+and ``thorough``; choose with ``RELPOS_HYPOTHESIS_PROFILE=thorough``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+from relpos_ref import backends
+
+settings.register_profile(
+    "ci",
+    max_examples=15,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+settings.register_profile(
+    "thorough",
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("RELPOS_HYPOTHESIS_PROFILE", "ci"))
+
+
+@dataclass(frozen=True)
+class Target:
+    """One backend on one device (and, for array-api-strict, one profile)."""
+
+    adapter: backends.Backend
+    device: str | None = None
+    profile: str | None = None
+
+    @property
+    def id(self) -> str:
+        parts = [self.adapter.name, self.profile or self.device]
+        return "-".join(p for p in parts if p and p != "cpu")
+
+    @property
+    def xp(self) -> Any:
+        return self.adapter.namespace()
+
+    def asarray(self, a: Any, dtype: Any = None) -> Any:
+        """NumPy data into this backend, on this device."""
+        a = np.asarray(a) if dtype is None else np.asarray(a, dtype=dtype)
+        return self.adapter.from_numpy(a, device=self.device)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return self.adapter.to_numpy(x)
+
+    def native_device(self) -> Any:
+        """The library's device object of an array made here."""
+        import array_api_compat
+
+        return array_api_compat.device(self.asarray(np.zeros(1)))
+
+
+def _targets() -> list[Any]:
+    params = []
+    for adapter in backends.selected():
+        reason = adapter.unavailable_reason()
+        if reason is not None:
+            params.append(
+                pytest.param(Target(adapter), id=adapter.name, marks=pytest.mark.skip(reason=reason))
+            )
+            continue
+        if adapter.name == "array_api_strict":
+            for profile in ("pinned", "strictest"):
+                params.append(pytest.param(Target(adapter, profile=profile), id=f"strict-{profile}"))
+        elif adapter.name == "torch":
+            devices = adapter.devices()
+            for device in devices:
+                t = Target(adapter, device=device)
+                params.append(pytest.param(t, id=t.id))
+            if len(devices) == 1:
+                params.append(
+                    pytest.param(
+                        Target(adapter, device="cuda:0"),
+                        id="torch-cuda",
+                        marks=pytest.mark.skip(reason="torch sees no CUDA device here"),
+                    )
+                )
+        elif adapter.name == "jax":
+            import jax
+
+            # Without this JAX narrows float64 silently; the tests need float64.
+            jax.config.update("jax_enable_x64", True)
+            t = Target(adapter, device=adapter.devices()[0])
+            params.append(pytest.param(t, id=adapter.name))
+        else:
+            t = Target(adapter, device=adapter.devices()[0])
+            params.append(pytest.param(t, id=t.id))
+    return params
+
+
+TARGETS = _targets()
+
+
+@pytest.fixture(params=TARGETS)
+def backend(request: pytest.FixtureRequest) -> Any:
+    target: Target = request.param
+    if target.profile is not None:
+        with target.adapter.profile(target.profile):
+            yield target
+    else:
+        yield target
+
+
+@pytest.fixture
+def xp(backend: Target) -> Any:
+    return backend.xp
+
+
+FLOAT_TOLERANCE = {
+    "float16": {"rtol": 2e-2, "atol": 2e-3},
+    "float32": {"rtol": 2e-5, "atol": 2e-6},
+    "float64": {"rtol": 1e-11, "atol": 1e-13},
+}
+
+
+def dtype_name(dtype: Any) -> str:
+    """'float32' for any library's float32 dtype object."""
+    return str(dtype).rsplit(".", 1)[-1].strip("'>").replace("dtype(", "").strip("'")
