@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from ._base import Backend
@@ -12,12 +13,13 @@ class DaskBackend(Backend):
     module = "dask"
 
     def unavailable_reason(self) -> str | None:
-        import importlib.util
-
         missing = super().unavailable_reason()
-        if missing is None and importlib.util.find_spec("dask.array") is None:
-            return "dask is installed without dask.array (pip install 'dask[array]')"
-        return missing
+        if missing is not None:
+            return missing
+        # dask.array needs extra packages; look for them without importing dask.
+        if importlib.util.find_spec("toolz") is None:
+            return "dask is installed without its array extra (pip install 'dask[array]')"
+        return None
 
     def namespace(self) -> Any:
         import array_api_compat.dask.array as xp

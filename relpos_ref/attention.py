@@ -30,7 +30,21 @@ __all__ = [
 
 
 def default_scale(d: int, scale: float | None = None) -> float:
-    """The logit scale: `scale` if given, else ``1 / sqrt(d)``.
+    r"""The logit scale: `scale` if given, else ``1 / sqrt(d)``.
+
+    .. math:: s = \begin{cases} \text{scale} & \text{if given} \\
+                                 1/\sqrt{d} & \text{otherwise} \end{cases}
+
+    Parameters
+    ----------
+    d : int
+        Feature size of queries and keys.
+    scale : float, optional
+        An explicit scale (``1.0`` for T5); must be finite.
+
+    Returns
+    -------
+    float
 
     Examples
     --------
@@ -129,9 +143,7 @@ def allowed_keys(
     return past_or_present if mask is None else mask & past_or_present
 
 
-def compose_logits(
-    content: Any, /, *, scale: float, position: Any = None, bias: Any = None
-) -> Any:
+def compose_logits(content: Any, /, *, scale: float, position: Any = None, bias: Any = None) -> Any:
     r"""Combine score terms by the one scaling rule.
 
     .. math:: \text{logits} = s\,(\text{content} + \text{position}) + \text{bias}

@@ -71,8 +71,12 @@ def _grid_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="q_offset = t_k - t_q: the last query sits at the last key (decoding)",
     )
-    p.add_argument("--max-distance", "-K", type=int, default=2, help="K for index/valid (default 2)")
-    p.add_argument("--length", "-M", type=int, default=None, help="M for causal-index (default t_k)")
+    p.add_argument(
+        "--max-distance", "-K", type=int, default=2, help="K for index/valid (default 2)"
+    )
+    p.add_argument(
+        "--length", "-M", type=int, default=None, help="M for causal-index (default t_k)"
+    )
     p.add_argument(
         "--beyond",
         choices=("clip", "zero", "error"),
@@ -104,7 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     show.add_argument(
-        "view", choices=("positions", "index", "valid", "causal-index", "grid"), help="what to print"
+        "view",
+        choices=("positions", "index", "valid", "causal-index", "grid"),
+        help="what to print",
     )
     _grid_args(show)
     return parser
@@ -127,7 +133,8 @@ def _show(args: argparse.Namespace) -> str:
         rows, cols = grid_positions(args.height, args.width, xp=xp)
         dr = rows[None, :] - rows[:, None]
         dc = cols[None, :] - cols[:, None]
-        coords = "  ".join(f"{n}:({int(a)},{int(b)})" for n, (a, b) in enumerate(zip(rows, cols)))
+        pairs = zip(rows.tolist(), cols.tolist(), strict=True)
+        coords = "  ".join(f"{n}:({a},{b})" for n, (a, b) in enumerate(pairs))
         return "\n".join(
             [
                 f"grid h={args.height} w={args.width}, token n at (n // w, n % w)",

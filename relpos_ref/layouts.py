@@ -332,7 +332,11 @@ def stacked_diagonals(
     if span is None:
         return _zeros(xp, x, (*batch, t_q, t_k))
     check_distances_in_table(
-        t_q, t_k, q_offset=q_offset, low=-(t_max - 1), high=t_max - 1,
+        t_q,
+        t_k,
+        q_offset=q_offset,
+        low=-(t_max - 1),
+        high=t_max - 1,
         what=f"t_max={t_max}",
         hint="use a table with a larger t_max",
     )

@@ -174,9 +174,7 @@ def check_distances_in_table(
     _raise_if_outside(*span, low, high, what, hint)
 
 
-def _raise_if_outside(
-    r_min: int, r_max: int, low: int, high: int, what: str, hint: str
-) -> None:
+def _raise_if_outside(r_min: int, r_max: int, low: int, high: int, what: str, hint: str) -> None:
     bad = r_min if r_min < low else (r_max if r_max > high else None)
     if bad is not None:
         msg = f"distance {bad} is beyond the table ({what}, rows for r = {low} .. {high}); {hint}"

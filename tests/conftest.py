@@ -76,12 +76,16 @@ def _targets() -> list[Any]:
         reason = adapter.unavailable_reason()
         if reason is not None:
             params.append(
-                pytest.param(Target(adapter), id=adapter.name, marks=pytest.mark.skip(reason=reason))
+                pytest.param(
+                    Target(adapter), id=adapter.name, marks=pytest.mark.skip(reason=reason)
+                )
             )
             continue
         if adapter.name == "array_api_strict":
             for profile in ("pinned", "strictest"):
-                params.append(pytest.param(Target(adapter, profile=profile), id=f"strict-{profile}"))
+                params.append(
+                    pytest.param(Target(adapter, profile=profile), id=f"strict-{profile}")
+                )
         elif adapter.name == "torch":
             devices = adapter.devices()
             for device in devices:

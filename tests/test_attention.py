@@ -19,12 +19,23 @@ def _floats(rng, shape, dtype):
     return rng.standard_normal(shape).astype(dtype)
 
 
-@given(batch=batches, t_q=st.integers(0, 6), t_k=st.integers(0, 6), d=st.integers(1, 5),
-       d_v=st.integers(1, 4), causal=st.booleans(), q_offset=st.integers(-3, 5),
-       use_mask=st.booleans(), use_bias=st.booleans(), scale=st.sampled_from([None, 1.0, 0.3]),
-       dtype=st.sampled_from(["float32", "float64"]), seed=st.integers(0, 999))
-def test_attention_matches_definition(backend, batch, t_q, t_k, d, d_v, causal, q_offset,
-                                      use_mask, use_bias, scale, dtype, seed):
+@given(
+    batch=batches,
+    t_q=st.integers(0, 6),
+    t_k=st.integers(0, 6),
+    d=st.integers(1, 5),
+    d_v=st.integers(1, 4),
+    causal=st.booleans(),
+    q_offset=st.integers(-3, 5),
+    use_mask=st.booleans(),
+    use_bias=st.booleans(),
+    scale=st.sampled_from([None, 1.0, 0.3]),
+    dtype=st.sampled_from(["float32", "float64"]),
+    seed=st.integers(0, 999),
+)
+def test_attention_matches_definition(
+    backend, batch, t_q, t_k, d, d_v, causal, q_offset, use_mask, use_bias, scale, dtype, seed
+):
     rng = np.random.default_rng(seed)
     q = _floats(rng, (*batch, t_q, d), dtype)
     k = _floats(rng, (t_k, d), dtype)  # shared across the batch: broadcasting
@@ -32,13 +43,19 @@ def test_attention_matches_definition(backend, batch, t_q, t_k, d, d_v, causal, 
     mask = rng.random((t_q, t_k)) < 0.7 if use_mask else None
     bias = _floats(rng, (t_q, t_k), dtype) if use_bias else None
     out, weights = rp.attention(
-        backend.asarray(q), backend.asarray(k), backend.asarray(v), scale=scale,
-        mask=None if mask is None else backend.asarray(mask), causal=causal,
-        q_offset=q_offset, bias=None if bias is None else backend.asarray(bias),
+        backend.asarray(q),
+        backend.asarray(k),
+        backend.asarray(v),
+        scale=scale,
+        mask=None if mask is None else backend.asarray(mask),
+        causal=causal,
+        q_offset=q_offset,
+        bias=None if bias is None else backend.asarray(bias),
         return_weights=True,
     )
-    want_out, want_w = ref.attention(q, k, v, scale=scale, mask=mask, causal=causal,
-                                     q_offset=q_offset, bias=bias)
+    want_out, want_w = ref.attention(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, bias=bias
+    )
     xp = backend.xp
     assert out.dtype == getattr(xp, dtype) and weights.dtype == getattr(xp, dtype)
     assert array_api_compat.device(out) == backend.native_device()
@@ -96,8 +113,9 @@ def test_float16_keeps_dtype(backend, xp):
     out = rp.attention(backend.asarray(q), backend.asarray(k), backend.asarray(v), causal=True)
     assert out.dtype == xp.float16
     want, _ = ref.attention(q, k, v, causal=True)
-    np.testing.assert_allclose(backend.to_numpy(out).astype(np.float64), want,
-                               **FLOAT_TOLERANCE["float16"])
+    np.testing.assert_allclose(
+        backend.to_numpy(out).astype(np.float64), want, **FLOAT_TOLERANCE["float16"]
+    )
 
 
 def test_bad_input(backend, xp):

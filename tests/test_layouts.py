@@ -28,10 +28,19 @@ def _check_meta(backend, x, out, shape):
     assert array_api_compat.device(out) == array_api_compat.device(x)
 
 
-@given(batch=batches, t_q=st.integers(0, 7), t_k=st.integers(0, 7), n_rel=st.integers(0, 12),
-       offset=st.integers(-3, 12), q_offset=st.integers(-4, 8), dtype=dtypes, seed=st.integers(0, 99))
-def test_gather_is_the_definition_everywhere(backend, batch, t_q, t_k, n_rel, offset, q_offset,
-                                             dtype, seed):
+@given(
+    batch=batches,
+    t_q=st.integers(0, 7),
+    t_k=st.integers(0, 7),
+    n_rel=st.integers(0, 12),
+    offset=st.integers(-3, 12),
+    q_offset=st.integers(-4, 8),
+    dtype=dtypes,
+    seed=st.integers(0, 99),
+)
+def test_gather_is_the_definition_everywhere(
+    backend, batch, t_q, t_k, n_rel, offset, q_offset, dtype, seed
+):
     data, x = _relative(backend, batch, t_q, n_rel, dtype, seed)
     out = rp.gather(x, t_k, offset=offset, q_offset=q_offset)
     _check_meta(backend, x, out, (*batch, t_q, t_k))
@@ -39,10 +48,19 @@ def test_gather_is_the_definition_everywhere(backend, batch, t_q, t_k, n_rel, of
     np.testing.assert_array_equal(backend.to_numpy(out), want)
 
 
-@given(batch=batches, t_q=st.integers(0, 7), t_k=st.integers(0, 7), extra=st.integers(0, 6),
-       start=st.integers(0, 6), q_offset=st.integers(-4, 8), dtype=dtypes, seed=st.integers(0, 99))
-def test_pad_flatten_reshape_equals_gather_where_valid(backend, batch, t_q, t_k, extra, start,
-                                                       q_offset, dtype, seed):
+@given(
+    batch=batches,
+    t_q=st.integers(0, 7),
+    t_k=st.integers(0, 7),
+    extra=st.integers(0, 6),
+    start=st.integers(0, 6),
+    q_offset=st.integers(-4, 8),
+    dtype=dtypes,
+    seed=st.integers(0, 99),
+)
+def test_pad_flatten_reshape_equals_gather_where_valid(
+    backend, batch, t_q, t_k, extra, start, q_offset, dtype, seed
+):
     n_rel = t_k + extra
     assume(start <= extra)
     offset = start + q_offset
@@ -81,8 +99,13 @@ def test_skew_equals_gather_on_causal_region(backend, batch, L, dtype, seed):
     np.testing.assert_array_equal(got[..., first_superdiagonal], 0)
 
 
-@given(batch=batches, t_q=st.integers(0, 6), memory=st.integers(0, 5), dtype=dtypes,
-       seed=st.integers(0, 99))
+@given(
+    batch=batches,
+    t_q=st.integers(0, 6),
+    memory=st.integers(0, 5),
+    dtype=dtypes,
+    seed=st.integers(0, 99),
+)
 def test_rel_shift_equals_gather_on_causal_region(backend, batch, t_q, memory, dtype, seed):
     t_k = t_q + memory
     data, x = _relative(backend, batch, t_q, t_k, dtype, seed)
@@ -99,8 +122,14 @@ def test_skew_and_rel_shift_agree_on_square_input(backend):
     np.testing.assert_array_equal(backend.to_numpy(rp.skew(x)), backend.to_numpy(rp.rel_shift(x)))
 
 
-@given(batch=batches, t_max=st.integers(1, 6), data=st.data(), dtype=dtypes,
-       order=st.sampled_from(["past_to_future", "future_to_past"]), seed=st.integers(0, 99))
+@given(
+    batch=batches,
+    t_max=st.integers(1, 6),
+    data=st.data(),
+    dtype=dtypes,
+    order=st.sampled_from(["past_to_future", "future_to_past"]),
+    seed=st.integers(0, 99),
+)
 def test_stacked_diagonals_equal_gather_everywhere(backend, batch, t_max, data, dtype, order, seed):
     t_q = data.draw(st.integers(0, t_max))
     t_k = data.draw(st.integers(0, t_max))

@@ -39,8 +39,13 @@ def test_end_aligned_last_query_meets_last_key(xp):
     assert (r[-1] <= 0).all()
 
 
-@given(t_q=lengths, t_k=lengths, q_offset=offsets, k=st.integers(0, 6),
-       beyond=st.sampled_from(["clip", "zero"]))
+@given(
+    t_q=lengths,
+    t_k=lengths,
+    q_offset=offsets,
+    k=st.integers(0, 6),
+    beyond=st.sampled_from(["clip", "zero"]),
+)
 def test_table_index_matches_definition(backend, xp, t_q, t_k, q_offset, k, beyond):
     r = rp.relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=backend.native_device())
     index, valid = rp.table_index(r, k, beyond=beyond)
@@ -50,8 +55,13 @@ def test_table_index_matches_definition(backend, xp, t_q, t_k, q_offset, k, beyo
     np.testing.assert_array_equal(backend.to_numpy(valid), want_valid)
 
 
-@given(t_q=lengths, t_k=lengths, q_offset=offsets, m=st.integers(1, 6),
-       beyond=st.sampled_from(["clip", "zero"]))
+@given(
+    t_q=lengths,
+    t_k=lengths,
+    q_offset=offsets,
+    m=st.integers(1, 6),
+    beyond=st.sampled_from(["clip", "zero"]),
+)
 def test_causal_table_index_matches_definition(backend, xp, t_q, t_k, q_offset, m, beyond):
     r = rp.relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=backend.native_device())
     index, valid = rp.causal_table_index(r, m, beyond=beyond)
@@ -66,13 +76,14 @@ def test_error_policy_passes_inside_and_names_the_distance_outside(xp):
     inside = rp.relative_positions(3, 3, xp=xp)
     index, valid = rp.table_index(inside, 2, beyond="error")
     assert bool(xp.all(valid))
+    assert bool(xp.all(index == rp.table_index(inside, 2).index))
     outside = rp.relative_positions(4, 4, xp=xp)
     with pytest.raises(ValueError, match=r"distance -3 is beyond the table \(max_distance=2"):
         rp.table_index(outside, 2, beyond="error")
     with pytest.raises(ValueError, match=r"distance -3 is beyond the table \(length=3"):
         rp.causal_table_index(outside, 3, beyond="error")
     # The future never counts as beyond a causal table.
-    index, valid = rp.causal_table_index(rp.relative_positions(2, 4, xp=xp), 2, beyond="error")
+    _, valid = rp.causal_table_index(rp.relative_positions(2, 4, xp=xp), 2, beyond="error")
     assert not bool(xp.any(valid[0, 1:]))
 
 
@@ -106,13 +117,31 @@ def test_worked_example_five_word_window(xp):
         (lambda xp: rp.relative_positions(-1, 3, xp=xp), r"`t_q` must be >= 0, got -1"),
         (lambda xp: rp.relative_positions(2, -4, xp=xp), r"`t_k` must be >= 0, got -4"),
         (lambda xp: rp.relative_positions(2.0, 3, xp=xp), r"`t_q` must be an integer, got 2.0"),
-        (lambda xp: rp.relative_positions(2, 3, q_offset=0.5, xp=xp), r"`q_offset` must be an integer"),
+        (
+            lambda xp: rp.relative_positions(2, 3, q_offset=0.5, xp=xp),
+            r"`q_offset` must be an integer",
+        ),
         (lambda xp: rp.grid_positions(-2, 3, xp=xp), r"`h` must be >= 0, got -2"),
-        (lambda xp: rp.table_index(rp.relative_positions(2, 2, xp=xp), -1), r"`max_distance` must be >= 0, got -1"),
-        (lambda xp: rp.table_index(rp.relative_positions(2, 2, xp=xp), 1.5), r"`max_distance` must be an integer, got 1.5"),
-        (lambda xp: rp.table_index(rp.relative_positions(2, 2, xp=xp), True), r"`max_distance` must be an integer, got the bool"),
-        (lambda xp: rp.table_index(rp.relative_positions(2, 2, xp=xp), 1, beyond="wrap"), r"`beyond` must be one of 'clip', 'zero', 'error', got 'wrap'"),
-        (lambda xp: rp.causal_table_index(rp.relative_positions(2, 2, xp=xp), 0), r"`length` must be >= 1, got 0"),
+        (
+            lambda xp: rp.table_index(rp.relative_positions(2, 2, xp=xp), -1),
+            r"`max_distance` must be >= 0, got -1",
+        ),
+        (
+            lambda xp: rp.table_index(rp.relative_positions(2, 2, xp=xp), 1.5),
+            r"`max_distance` must be an integer, got 1.5",
+        ),
+        (
+            lambda xp: rp.table_index(rp.relative_positions(2, 2, xp=xp), True),
+            r"`max_distance` must be an integer, got the bool",
+        ),
+        (
+            lambda xp: rp.table_index(rp.relative_positions(2, 2, xp=xp), 1, beyond="wrap"),
+            r"`beyond` must be one of 'clip', 'zero', 'error', got 'wrap'",
+        ),
+        (
+            lambda xp: rp.causal_table_index(rp.relative_positions(2, 2, xp=xp), 0),
+            r"`length` must be >= 1, got 0",
+        ),
     ],
 )
 def test_bad_input_names_parameter_and_value(xp, call, message):

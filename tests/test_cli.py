@@ -1,0 +1,80 @@
+"""The command line: show prints the worked tables; errors exit 2 with one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from relpos_ref.cli import main
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_show_positions_is_the_hand_drawn_table(capsys):
+    code, out, _ = _run(capsys, "show", "positions", "--tq", "3", "--tk", "4")
+    assert code == 0
+    assert out.splitlines() == [
+        "distance r = j - (i + q_offset)   t_q=3 t_k=4 q_offset=0",
+        "i\\j  0  1  2  3",
+        "  0  0  1  2  3",
+        "  1 -1  0  1  2",
+        "  2 -2 -1  0  1",
+    ]
+
+
+def test_show_end_aligned(capsys):
+    _, out, _ = _run(capsys, "show", "positions", "--tq", "2", "--tk", "4", "--end-aligned")
+    assert "q_offset=2" in out
+    assert out.splitlines()[-1] == "  1 -3 -2 -1  0"
+
+
+def test_show_index_marks_zero_policy_entries(capsys):
+    _, out, _ = _run(
+        capsys, "show", "index", "--tq", "1", "--tk", "4", "-K", "1", "--beyond", "zero"
+    )
+    assert out.splitlines()[-1] == "  0  1  2  -  -"
+    _, out, _ = _run(
+        capsys, "show", "valid", "--tq", "1", "--tk", "4", "-K", "1", "--beyond", "zero"
+    )
+    assert out.splitlines()[-1] == "  0  1  1  0  0"
+
+
+def test_show_causal_index_and_grid(capsys):
+    _, out, _ = _run(capsys, "show", "causal-index", "--tq", "3", "-M", "2", "--beyond", "zero")
+    assert out.splitlines()[-3:] == ["  0  1  -  -", "  1  0  1  -", "  2  -  0  1"]
+    _, out, _ = _run(capsys, "show", "grid", "--height", "2", "--width", "2")
+    assert "tokens  0:(0,0)  1:(0,1)  2:(1,0)  3:(1,1)" in out
+
+
+def test_errors_are_one_line_with_exit_2(capsys):
+    code, out, err = _run(capsys, "show", "index", "--tq", "4", "-K", "1", "--beyond", "error")
+    assert code == 2 and out == ""
+    assert err.strip().startswith("relpos-ref: error: distance -3 is beyond the table")
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = _run(capsys, "show", "positions", "--tq", "-2")
+    assert code == 2 and "`t_q` must be >= 0, got -2" in err
+
+
+def test_help_lists_views(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["show", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for view in ("positions", "index", "valid", "causal-index", "grid"):
+        assert view in out
+
+
+def test_module_entry_point_and_console_script():
+    out = subprocess.run(
+        [sys.executable, "-m", "relpos_ref", "show", "positions", "--tq", "2"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.splitlines()[1] == "i\\j  0  1"
