@@ -233,12 +233,13 @@ def attention(
     causal: bool = False,
     q_offset: int = 0,
     bias: Any = None,
+    position: Any = None,
     return_weights: bool = False,
 ) -> Any:
     r"""Scaled dot-product attention with masks, a bias and safe empty rows.
 
     .. math:: \text{out} = \operatorname{softmax}_{\text{allowed}}
-              \left(s\, q k^\top + \text{bias}\right) v
+              \left(s\, (q k^\top + \text{position}) + \text{bias}\right) v
 
     Parameters
     ----------
@@ -256,6 +257,9 @@ def attention(
         Position of query 0 (``t_k - t_q`` when decoding with a cache).
     bias : floating array broadcastable to ``(..., t_q, t_k)``, optional
         Added to the logits after scaling; same dtype as `q`.
+    position : floating array broadcastable to ``(..., t_q, t_k)``, optional
+        Content-position terms (``q . a_r`` and the like), scaled together
+        with ``q k^T``; same dtype as `q`.
     return_weights : bool, optional
         Also return the attention weights.
 
@@ -277,22 +281,25 @@ def attention(
            [1.73105858]])
     """
     xp, _ = check_qkv(q, k, v)
-    _xp.array_namespace(q, mask, bias)  # one library for every array argument
+    _xp.array_namespace(q, mask, bias, position)  # one library for every array argument
     *_, t_q, d = q.shape
     t_k = k.shape[-2]
     s = default_scale(d, scale)
-    if bias is not None:
-        _check_bias(xp, q, bias, t_q, t_k)
+    for name, term in (("bias", bias), ("position", position)):
+        if term is not None:
+            _check_term(xp, name, q, term, t_q, t_k)
     allowed = allowed_keys(
         t_q, t_k, mask=mask, causal=causal, q_offset=q_offset, xp=xp, device=_xp.device(q)
     )
     content = xp.matmul(q, xp.matrix_transpose(k))
-    weights = masked_softmax(compose_logits(content, scale=s, bias=bias), allowed=allowed)
+    weights = masked_softmax(
+        compose_logits(content, scale=s, position=position, bias=bias), allowed=allowed
+    )
     out = xp.matmul(weights, v)
     return (out, weights) if return_weights else out
 
 
-def _check_bias(xp: Any, q: Any, bias: Any, t_q: int, t_k: int) -> None:
-    _xp.check_floating(xp, "bias", bias)
-    _xp.check_same_dtype(q=q, bias=bias)
-    broadcast_shapes(bias=bias.shape, logits=(t_q, t_k))
+def _check_term(xp: Any, name: str, q: Any, term: Any, t_q: int, t_k: int) -> None:
+    _xp.check_floating(xp, name, term)
+    _xp.check_same_dtype(q=q, **{name: term})
+    broadcast_shapes(**{name: term.shape}, logits=(t_q, t_k))

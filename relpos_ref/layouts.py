@@ -29,6 +29,8 @@ __all__ = [
     "rel_shift",
     "skew",
     "stacked_diagonals",
+    "take_per_row",
+    "to_relative",
 ]
 
 TABLE_ORDERS = ("past_to_future", "future_to_past")
@@ -88,11 +90,97 @@ def gather(x: Any, /, t_k: int, *, offset: int, q_offset: int = 0) -> Any:
     dev = _xp.device(x)
     column = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=dev) + offset
     valid = (column >= 0) & (column < n_rel)
-    row_start = xp.arange(t_q, dtype=column.dtype, device=dev)[:, None] * n_rel
-    flat_index = xp.reshape(xp.clip(column, 0, n_rel - 1) + row_start, (t_q * t_k,))
-    flat_x = xp.reshape(x, (*batch, t_q * n_rel))
+    out = take_per_row(x, xp.clip(column, 0, n_rel - 1))
+    return xp.where(valid, out, _zeros(xp, x, ()))
+
+
+def take_per_row(x: Any, index: Any, /) -> Any:
+    r"""Pick, in each row, the columns an index matrix names.
+
+    .. math:: \text{out}[..., i, j] = x[..., i, \text{index}[i, j]]
+
+    The gather behind `gather` and behind clipped tables: with the indices
+    of `relpos_ref.positions.table_index` it lays per-distance logits out
+    as ``(t_q, t_k)``, reading each of the ``t_q t_k`` entries once.
+
+    Parameters
+    ----------
+    x : array, shape ``(..., t_q, n)``
+    index : integer array, shape ``(t_q, t_k)``
+        Values in ``[0, n)``.
+
+    Returns
+    -------
+    out : array, shape ``(..., t_q, t_k)``
+        Same dtype and device as `x`.
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> x = xp.asarray([[10, 11, 12], [20, 21, 22]])
+    >>> take_per_row(x, xp.asarray([[2, 2, 0, 1], [0, 0, 1, 1]]))
+    array([[12, 12, 10, 11],
+           [20, 20, 21, 21]])
+    """
+    xp, batch, t_q, n = _relative_layout("x", x)
+    _xp.array_namespace(x, index)
+    if index.ndim != 2 or index.shape[0] != t_q:
+        msg = f"`index` must have shape (t_q, t_k) with t_q = {t_q}, got shape {tuple(index.shape)}"
+        raise ValueError(msg)
+    t_k = index.shape[1]
+    if t_q == 0 or t_k == 0:
+        return _zeros(xp, x, (*batch, t_q, t_k))
+    row_start = xp.arange(t_q, dtype=index.dtype, device=_xp.device(index))[:, None] * n
+    flat_index = xp.reshape(index + row_start, (t_q * t_k,))
+    flat_x = xp.reshape(x, (*batch, t_q * n))
     out = xp.take(flat_x, flat_index, axis=len(batch))
-    out = xp.reshape(out, (*batch, t_q, t_k))
+    return xp.reshape(out, (*batch, t_q, t_k))
+
+
+def to_relative(x: Any, /, n_rel: int, *, offset: int, q_offset: int = 0) -> Any:
+    r"""Absolute layout back to a relative one: the inverse of `gather`.
+
+    .. math:: \text{out}[..., i, c] = x[..., i, c - \text{offset} + i + q_\text{offset}]
+
+    Column ``c`` of the result holds the entry of the key at distance
+    ``r = c - offset`` from query ``i``; ``0`` where that key does not exist.
+    Used to bin attention weights by distance (Shaw's relative values).
+
+    Parameters
+    ----------
+    x : array, shape ``(..., t_q, t_k)``
+    n_rel : int
+        Number of distance columns.
+    offset : int
+        Column of distance 0.
+    q_offset : int, optional
+        Position of query 0.
+
+    Returns
+    -------
+    out : array, shape ``(..., t_q, n_rel)``
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> w = xp.asarray([[1, 2, 3], [4, 5, 6]])
+    >>> to_relative(w, 3, offset=1)  # columns r = -1, 0, 1
+    array([[0, 1, 2],
+           [4, 5, 6]])
+    """
+    xp, batch, t_q, t_k = _relative_layout("x", x)
+    n_rel = nonnegative_int("n_rel", n_rel)
+    offset = as_int("offset", offset)
+    q_offset = as_int("q_offset", q_offset)
+    if t_q == 0 or t_k == 0 or n_rel == 0:
+        return _zeros(xp, x, (*batch, t_q, n_rel))
+    dev = _xp.device(x)
+    idx = _xp.index_dtype(xp, dev)
+    c = xp.arange(n_rel, dtype=idx, device=dev)
+    i = xp.arange(t_q, dtype=idx, device=dev)
+    key = c[None, :] - offset + i[:, None] + q_offset
+    valid = (key >= 0) & (key < t_k)
+    out = take_per_row(x, xp.clip(key, 0, t_k - 1))
     return xp.where(valid, out, _zeros(xp, x, ()))
 
 

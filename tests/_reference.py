@@ -138,3 +138,143 @@ def attention(
                 for c in range(d_v):
                     out[(*b, i, c)] += w * v[(*b, j, c)]
     return out, weights
+
+
+# --- schemes -------------------------------------------------------------------------------
+# Each scheme is described by the vector it adds to k_j for query i (a "key row", dotted with
+# q_i and scaled with the content term), the vector it adds to v_j (a "value row"), and a
+# scalar bias added after scaling. ``None`` means "no term" for that pair.
+
+
+def table_row(table: np.ndarray, head: int, row: int, scalar: bool = False) -> np.ndarray:
+    """Row of a table for a head: tables are (n, d) / (n,) shared or (h, n, d) / (h, n)."""
+    shared_ndim = 1 if scalar else 2
+    return table[row] if table.ndim == shared_ndim else table[head, row]
+
+
+def relative_attention(
+    q,
+    k,
+    v,
+    *,
+    key_row=None,
+    value_row=None,
+    bias_value=None,
+    scale=None,
+    mask=None,
+    causal=False,
+    q_offset=0,
+):
+    """softmax_j(s (q_i.k_j + q_i.key_row(h,i,j)) + bias_value(h,i,j)) (v_j + value_row(h,i,j)).
+
+    Loops in float64; `h` is the index on axis -3 of the broadcast batch (0 without one).
+    Returns (out, weights, position) with position[b, i, j] = q_i . key_row (0 where None).
+    """
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    t_q, d = q.shape[-2:]
+    t_k, d_v = v.shape[-2:]
+    s = 1.0 / math.sqrt(d) if scale is None else scale
+    mask = np.ones((t_q, t_k), dtype=bool) if mask is None else np.asarray(mask)
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], mask.shape[:-2])
+    q = np.broadcast_to(q, (*batch, t_q, d))
+    k = np.broadcast_to(k, (*batch, t_k, d))
+    v = np.broadcast_to(v, (*batch, t_k, d_v))
+    mask = np.broadcast_to(mask, (*batch, t_q, t_k))
+    out = np.zeros((*batch, t_q, d_v))
+    weights = np.zeros((*batch, t_q, t_k))
+    position = np.zeros((*batch, t_q, t_k))
+    for b in np.ndindex(batch):
+        h = b[-1] if len(b) >= 1 else 0
+        for i in range(t_q):
+            scores = {}
+            for j in range(t_k):
+                extra = None if key_row is None else key_row(h, i, j)
+                pos = 0.0 if extra is None else float(np.dot(q[(*b, i)], extra))
+                position[(*b, i, j)] = pos
+                if not mask[(*b, i, j)] or (causal and j - (i + q_offset) > 0):
+                    continue
+                value = s * (float(np.dot(q[(*b, i)], k[(*b, j)])) + pos)
+                if bias_value is not None:
+                    value += bias_value(h, i, j)
+                scores[j] = value
+            if not scores:
+                continue
+            top = max(scores.values())
+            total = sum(math.exp(x - top) for x in scores.values())
+            for j, x in scores.items():
+                w = math.exp(x - top) / total
+                weights[(*b, i, j)] = w
+                row = v[(*b, j)].copy()
+                if value_row is not None:
+                    extra = value_row(h, i, j)
+                    if extra is not None:
+                        row = row + extra
+                out[(*b, i)] += w * row
+    return out, weights, position
+
+
+def shaw_row(table, k_max, beyond, q_offset):
+    """Shaw et al.: row clip(r, -K, K) + K; under "zero" no term beyond the table."""
+
+    def row(h, i, j):
+        r = j - (i + q_offset)
+        if abs(r) > k_max and beyond == "zero":
+            return None
+        return np.asarray(table_row(table, h, max(-k_max, min(k_max, r)) + k_max), float)
+
+    return row
+
+
+def music_row(table, beyond, q_offset):
+    """Huang et al.: row r + M - 1 for -(M-1) <= r <= 0; none for the future."""
+    m = table.shape[-2]
+
+    def row(h, i, j):
+        r = j - (i + q_offset)
+        if r > 0 or (r < -(m - 1) and beyond == "zero"):
+            return None
+        return np.asarray(table_row(table, h, max(r, -(m - 1)) + m - 1), float)
+
+    return row
+
+
+def general_row(table, q_offset, order):
+    """Row r + t_max - 1 (past to future) or t_max - 1 - r (future to past)."""
+    t_max = (table.shape[-2] + 1) // 2
+
+    def row(h, i, j):
+        r = j - (i + q_offset)
+        c = r + t_max - 1 if order == "past_to_future" else t_max - 1 - r
+        return np.asarray(table_row(table, h, c), float)
+
+    return row
+
+
+def absolute_row(table):
+    """A learned row per key position j."""
+    return lambda h, i, j: np.asarray(table_row(table, h, j), float)
+
+
+def grid2d_row(row_table, col_table, height, width):
+    """Row table at x_m - x_n + h - 1 plus column table at y_m - y_n + w - 1 (row-major)."""
+
+    def row(h, n, m):
+        dx = m // width - n // width
+        dy = m % width - n % width
+        return np.asarray(table_row(row_table, h, dx + height - 1), float) + np.asarray(
+            table_row(col_table, h, dy + width - 1), float
+        )
+
+    return row
+
+
+def bias_value(table, k_max, beyond, q_offset):
+    """A learned scalar b[clip(r) + K]; zero beyond the table under "zero"."""
+
+    def value(h, i, j):
+        r = j - (i + q_offset)
+        if abs(r) > k_max and beyond == "zero":
+            return 0.0
+        return float(table_row(table, h, max(-k_max, min(k_max, r)) + k_max, scalar=True))
+
+    return value

@@ -1,0 +1,37 @@
+"""The schemes: one module each, every one built on the same conventions.
+
+Each scheme has ``<scheme>_logits`` (the positional term, before it is
+combined with the content term) and ``<scheme>_attention``; schemes with a
+memory-efficient algorithm take ``method="efficient"`` (default) or
+``method="definition"`` (the gather definition).
+"""
+
+from __future__ import annotations
+
+from .absolute import absolute_attention, absolute_index, absolute_logits
+from .bias import bias_attention, bias_logits
+from .general import general_attention, general_index, general_logits
+from .grid2d import grid2d_attention, grid2d_index, grid2d_logits
+from .music import music_attention, music_index, music_logits
+from .shaw import shaw_attention, shaw_index, shaw_logits, shaw_values
+
+__all__ = [
+    "absolute_attention",
+    "absolute_index",
+    "absolute_logits",
+    "bias_attention",
+    "bias_logits",
+    "general_attention",
+    "general_index",
+    "general_logits",
+    "grid2d_attention",
+    "grid2d_index",
+    "grid2d_logits",
+    "music_attention",
+    "music_index",
+    "music_logits",
+    "shaw_attention",
+    "shaw_index",
+    "shaw_logits",
+    "shaw_values",
+]

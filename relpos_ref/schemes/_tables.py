@@ -1,0 +1,128 @@
+"""Relative tables: validation, per-distance logits and row gathers.
+
+A table holds one row per distance: ``(n, d)`` shared by every head, or
+``(h, n, d)`` per head, heads matching axis ``-3`` of ``q``. A scalar table
+(biases) is ``(n,)`` or ``(h, n)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _xp
+
+__all__ = [
+    "METHODS",
+    "check_method",
+    "check_table",
+    "contract_rows",
+    "gather_rows",
+    "table_logits",
+    "weighted_rows",
+]
+
+METHODS = ("efficient", "definition")
+
+
+def check_method(method: str) -> str:
+    """`method` if it is ``"efficient"`` or ``"definition"``; a `ValueError` otherwise."""
+    if method not in METHODS:
+        msg = f"`method` must be one of 'efficient', 'definition', got {method!r}"
+        raise ValueError(msg)
+    return method
+
+
+def check_table(
+    name: str,
+    table: Any,
+    q: Any,
+    *,
+    rows: int | None = None,
+    rows_rule: str = "",
+    width: int | None = None,
+    scalar: bool = False,
+) -> int | None:
+    """Validate a relative table against the queries; return its head count or ``None``.
+
+    Parameters
+    ----------
+    name : str
+        Parameter name for messages.
+    table : array
+        ``(n, d)`` or ``(h, n, d)``; with ``scalar=True``, ``(n,)`` or ``(h, n)``.
+    q : array or None
+        The queries, ``(..., t_q, d)``, heads at axis -3 for per-head tables;
+        ``None`` skips the checks against them.
+    rows : int, optional
+        Required number of rows ``n``; `rows_rule` explains it in messages.
+    width : int, optional
+        Required feature width (``d`` for key tables, ``d_v`` for value tables).
+    scalar : bool, optional
+        The table holds one scalar per distance.
+    """
+    xp = _xp.array_namespace(q, table)
+    _xp.check_floating(xp, name, table)
+    if q is not None:
+        _xp.check_same_dtype(q=q, **{name: table})
+    shape = tuple(table.shape)
+    shared_ndim = 1 if scalar else 2
+    if table.ndim not in (shared_ndim, shared_ndim + 1):
+        layout = "(n,) or (h, n)" if scalar else "(n, d) or (h, n, d)"
+        msg = f"`{name}` must have shape {layout}, got shape {shape}"
+        raise ValueError(msg)
+    n = shape[-1] if scalar else shape[-2]
+    if rows is not None and n != rows:
+        msg = f"`{name}` must have {rows} rows{rows_rule}, got {n} (shape {shape})"
+        raise ValueError(msg)
+    if not scalar and width is not None and shape[-1] != width:
+        msg = f"`{name}` must have width {width} to match the features, got shape {shape}"
+        raise ValueError(msg)
+    if table.ndim == shared_ndim:
+        return None
+    heads = shape[0]
+    if q is None:
+        return heads
+    if q.ndim < 3 or q.shape[-3] != heads:
+        msg = (
+            f"`{name}` has {heads} heads (shape {shape}) but `q` has shape "
+            f"{tuple(q.shape)}; per-head tables need q of shape (..., {heads}, t_q, d)"
+        )
+        raise ValueError(msg)
+    return heads
+
+
+def table_logits(q: Any, table: Any) -> Any:
+    r"""Per-distance logits ``q . a_c`` for every row ``c`` of the table.
+
+    .. math:: P[..., i, c] = q[..., i, :] \cdot a[c, :]
+
+    ``q (..., t_q, d)`` and ``(n, d)`` or ``(h, n, d)`` give ``(..., t_q, n)``.
+    """
+    xp = _xp.array_namespace(q, table)
+    return xp.matmul(q, xp.matrix_transpose(table))
+
+
+def gather_rows(table: Any, index: Any) -> Any:
+    """Rows of the table for every (query, key) pair: the definition's tensor.
+
+    ``(n, d)`` with ``index (t_q, t_k)`` gives ``(t_q, t_k, d)``;
+    ``(h, n, d)`` gives ``(h, t_q, t_k, d)``. This is the
+    ``O(t_q t_k d)`` tensor the efficient paths never build.
+    """
+    xp = _xp.array_namespace(table, index)
+    t_q, t_k = index.shape
+    axis = table.ndim - 2
+    flat = xp.take(table, xp.reshape(index, (t_q * t_k,)), axis=axis)
+    return xp.reshape(flat, (*table.shape[:axis], t_q, t_k, table.shape[-1]))
+
+
+def contract_rows(q: Any, rows: Any) -> Any:
+    r"""``out[..., i, j] = q[..., i, :] . rows[..., i, j, :]`` (the definition's product)."""
+    xp = _xp.array_namespace(q, rows)
+    return xp.sum(q[..., :, None, :] * rows, axis=-1)
+
+
+def weighted_rows(weights: Any, rows: Any) -> Any:
+    r"""``out[..., i, :] = sum_j weights[..., i, j] rows[..., i, j, :]`` (definition)."""
+    xp = _xp.array_namespace(weights, rows)
+    return xp.sum(weights[..., None] * rows, axis=-2)

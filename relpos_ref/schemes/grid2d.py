@@ -1,0 +1,180 @@
+r"""2D relative attention on an ``h x w`` grid (Ramachandran et al. 2019; BoTNet).
+
+Tokens are in row-major order: token ``n`` sits at row ``x = n // w`` and
+column ``y = n % w``. Separate tables for row and column distances give
+
+.. math:: P_{nm} = q_n \cdot R^h_{x_m - x_n + h - 1} + q_n \cdot R^w_{y_m - y_n + w - 1},
+
+with ``R^h`` of ``2h - 1`` rows and ``R^w`` of ``2w - 1`` rows. The efficient
+path computes ``Q R^{hT}`` and ``Q R^{wT}`` and lays each out along its own
+axis with `relpos_ref.layouts.pad_flatten_reshape`, then broadcasts over the
+other axis: memory ``O((hw)^2)``, never ``O((hw)^2 d)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _xp
+from .._validate import positive_int
+from ..attention import attention
+from ..layouts import pad_flatten_reshape
+from ..positions import grid_positions
+from ._tables import check_method, check_table, contract_rows, gather_rows, table_logits
+
+__all__ = ["grid2d_attention", "grid2d_index", "grid2d_logits"]
+
+
+def grid2d_index(height: int, width: int, /, *, xp: Any, device: Any = None) -> tuple[Any, Any]:
+    """Rows of the row table and of the column table for each (query, key) token pair.
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> rows, cols = grid2d_index(1, 3, xp=xp)
+    >>> rows
+    array([[0, 0, 0],
+           [0, 0, 0],
+           [0, 0, 0]])
+    >>> cols
+    array([[2, 3, 4],
+           [1, 2, 3],
+           [0, 1, 2]])
+    """
+    height = positive_int("height", height)
+    width = positive_int("width", width)
+    x, y = grid_positions(height, width, xp=xp, device=device)
+    return x[None, :] - x[:, None] + (height - 1), y[None, :] - y[:, None] + (width - 1)
+
+
+def grid2d_logits(
+    q: Any,
+    row_table: Any,
+    col_table: Any,
+    /,
+    *,
+    height: int,
+    width: int,
+    method: str = "efficient",
+) -> Any:
+    r"""Positional term of 2D relative attention on a row-major ``height x width`` grid.
+
+    Parameters
+    ----------
+    q : floating array, shape ``(..., height * width, d)``
+    row_table : floating array, shape ``(2 height - 1, d)`` or ``(h, 2 height - 1, d)``
+    col_table : floating array, shape ``(2 width - 1, d)`` or ``(h, 2 width - 1, d)``
+    height, width : int
+        Grid size; non-square grids work.
+    method : {"efficient", "definition"}, optional
+
+    Returns
+    -------
+    array, shape ``(..., height * width, height * width)``
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> q = xp.ones((2, 1))  # a 1 x 2 grid
+    >>> Rh = xp.asarray([[0.0]])
+    >>> Rw = xp.asarray([[-1.0], [0.0], [1.0]])
+    >>> grid2d_logits(q, Rh, Rw, height=1, width=2)
+    array([[ 0.,  1.],
+           [-1.,  0.]])
+    """
+    xp = _xp.array_namespace(q, row_table, col_table)
+    check_method(method)
+    height = positive_int("height", height)
+    width = positive_int("width", width)
+    n = height * width
+    if q.shape[-2] != n:
+        msg = f"`q` must have height * width = {n} tokens on axis -2, got shape {tuple(q.shape)}"
+        raise ValueError(msg)
+    d = q.shape[-1]
+    check_table(
+        "row_table",
+        row_table,
+        q,
+        rows=2 * height - 1,
+        rows_rule=f" (2 height - 1 for height = {height})",
+        width=d,
+    )
+    check_table(
+        "col_table",
+        col_table,
+        q,
+        rows=2 * width - 1,
+        rows_rule=f" (2 width - 1 for width = {width})",
+        width=d,
+    )
+    if method == "definition":
+        rows, cols = grid2d_index(height, width, xp=xp, device=_xp.device(q))
+        return contract_rows(q, gather_rows(row_table, rows)) + contract_rows(
+            q, gather_rows(col_table, cols)
+        )
+    batch = tuple(q.shape[:-2])
+    nb = len(batch)
+    # Row term: queries (x, y) -> move y before x, lay out along x.
+    ph = xp.reshape(table_logits(q, row_table), (*batch, height, width, 2 * height - 1))
+    ph = xp.permute_dims(ph, (*range(nb), nb + 1, nb, nb + 2))
+    row_term = pad_flatten_reshape(ph, height, offset=height - 1)  # (*batch, w_q, h_q, h_k)
+    row_term = xp.permute_dims(row_term, (*range(nb), nb + 1, nb, nb + 2))[..., None]
+    # Column term: lay out along y directly.
+    pw = xp.reshape(table_logits(q, col_table), (*batch, height, width, 2 * width - 1))
+    col_term = pad_flatten_reshape(pw, width, offset=width - 1)[
+        ..., None, :
+    ]  # (*batch, h_q, w_q, 1, w_k)
+    return xp.reshape(row_term + col_term, (*batch, n, n))
+
+
+def grid2d_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    row_table: Any,
+    col_table: Any,
+    /,
+    *,
+    height: int,
+    width: int,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool = False,
+    method: str = "efficient",
+    return_weights: bool = False,
+) -> Any:
+    r"""Self-attention over a row-major grid with 2D relative position embeddings.
+
+    .. math:: w = \operatorname{softmax}\bigl(s\,(q k^\top + P)\bigr)
+
+    Parameters
+    ----------
+    q, k, v : floating arrays ``(..., hw, d)``, ``(..., hw, d)``, ``(..., hw, d_v)``
+    row_table, col_table, height, width, method
+        As in `grid2d_logits`.
+    scale, mask, causal, return_weights
+        As in `relpos_ref.attention` (``causal`` in raster order).
+
+    Returns
+    -------
+    out : array ``(..., hw, d_v)``, and the weights with ``return_weights=True``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> q = np.ones((6, 4))
+    >>> grid2d_attention(q, q, q, np.zeros((3, 4)), np.zeros((5, 4)), height=2, width=3).shape
+    (6, 4)
+    """
+    _xp.array_namespace(q, k, v, row_table, col_table)
+    position = grid2d_logits(q, row_table, col_table, height=height, width=width, method=method)
+    return attention(
+        q,
+        k,
+        v,
+        scale=scale,
+        mask=mask,
+        causal=causal,
+        position=position,
+        return_weights=return_weights,
+    )

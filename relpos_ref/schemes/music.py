@@ -1,0 +1,208 @@
+r"""Music Transformer relative attention (Huang et al. 2018): causal, one-sided.
+
+.. math:: \text{logits}_{ij} = s\,(q_i \cdot k_j + q_i \cdot E_{\text{idx}(r_{ij})}),
+          \quad r_{ij} \le 0,
+
+with a table ``E`` of ``M`` rows for ``r = -(M-1) .. 0`` (row ``r + M - 1``).
+The efficient path is the "skew": ``Q E^T`` for the ``t_k`` distances that
+occur, laid out by `relpos_ref.layouts.rel_shift` (exactly the skew when
+``t_q = t_k``), memory ``O(L d + L^2)`` instead of ``O(L^2 d)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _xp
+from .._validate import as_int, check_choice, nonnegative_int
+from ..attention import attention
+from ..layouts import rel_shift
+from ..positions import (
+    BEYOND_POLICIES,
+    TableIndex,
+    causal_table_index,
+    check_distances_in_table,
+    distance_range,
+    relative_positions,
+)
+from ._tables import check_method, check_table, contract_rows, gather_rows, table_logits
+
+__all__ = ["music_attention", "music_index", "music_logits"]
+
+
+def music_index(
+    t_q: int,
+    t_k: int,
+    /,
+    *,
+    length: int,
+    q_offset: int = 0,
+    beyond: str = "clip",
+    xp: Any,
+    device: Any = None,
+) -> TableIndex:
+    """One-sided table row and validity per pair; future entries are invalid.
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> music_index(3, 3, length=3, xp=xp).index
+    array([[2, 2, 2],
+           [1, 2, 2],
+           [0, 1, 2]])
+    """
+    check_choice("beyond", beyond, BEYOND_POLICIES)
+    if beyond == "error":
+        span = distance_range(t_q, t_k, q_offset=q_offset)
+        high = 0 if span is None else max(span[1], 0)
+        check_distances_in_table(
+            t_q, t_k, q_offset=q_offset, low=-(length - 1), high=high, what=f"length={length}"
+        )
+        beyond = "clip"
+    r = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=device)
+    return causal_table_index(r, length, beyond=beyond)
+
+
+def _rows_for_every_distance(xp: Any, table: Any, t_k: int, beyond: str) -> Any:
+    # Rows for r = -(t_k - 1) .. 0: the table's last t_k rows, extended at the
+    # past end with its first row ("clip") or zeros ("zero") when M < t_k.
+    m = table.shape[-2]
+    if m >= t_k:
+        return table[..., m - t_k :, :]
+    shape = (*table.shape[:-2], t_k - m, table.shape[-1])
+    if beyond == "clip":
+        fill = xp.broadcast_to(table[..., :1, :], shape)
+    else:
+        fill = xp.zeros(shape, dtype=table.dtype, device=_xp.device(table))
+    return xp.concat([fill, table], axis=-2)
+
+
+def music_logits(
+    q: Any,
+    table: Any,
+    /,
+    t_k: int,
+    *,
+    q_offset: int = 0,
+    beyond: str = "clip",
+    method: str = "efficient",
+) -> Any:
+    r"""Positional term :math:`P_{ij} = q_i \cdot E_{\text{idx}(r_{ij})}` for ``r <= 0``, else 0.
+
+    Parameters
+    ----------
+    q : floating array, shape ``(..., t_q, d)``
+    table : floating array, shape ``(M, d)`` or ``(h, M, d)``
+        Row ``r + M - 1`` for distance ``r = -(M-1) .. 0``.
+    t_k : int
+        Number of keys.
+    q_offset : int, optional
+        Position of query 0. The efficient path needs end alignment,
+        ``q_offset = t_k - t_q`` (``0`` for self-attention).
+    beyond : {"clip", "zero", "error"}, optional
+        Past distances ``r < -(M-1)``.
+    method : {"efficient", "definition"}, optional
+
+    Returns
+    -------
+    array, shape ``(..., t_q, t_k)``; zero where ``r > 0`` (no row).
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> q = xp.ones((3, 1))
+    >>> E = xp.asarray([[-2.0], [-1.0], [0.0]])  # M = 3: r = -2, -1, 0
+    >>> music_logits(q, E, 3)
+    array([[ 0.,  0.,  0.],
+           [-1.,  0.,  0.],
+           [-2., -1.,  0.]])
+    """
+    xp = _xp.array_namespace(q, table)
+    check_method(method)
+    check_table("table", table, q, width=q.shape[-1])
+    t_k = nonnegative_int("t_k", t_k)
+    q_offset = as_int("q_offset", q_offset)
+    t_q = q.shape[-2]
+    m = table.shape[-2]
+    if m < 1:
+        msg = f"`table` must have at least one row, got shape {tuple(table.shape)}"
+        raise ValueError(msg)
+    dev = _xp.device(q)
+    index, valid = music_index(
+        t_q, t_k, length=m, q_offset=q_offset, beyond=beyond, xp=xp, device=dev
+    )
+    zero = xp.zeros((), dtype=q.dtype, device=dev)
+    if method == "definition":
+        rows = xp.where(valid[..., None], gather_rows(table, index), zero)
+        return contract_rows(q, rows)
+    if q_offset != t_k - t_q:
+        msg = (
+            "music's efficient path (the skew) needs end-aligned queries, "
+            f"q_offset = t_k - t_q = {t_k - t_q}, got q_offset={q_offset}; "
+            "use method='definition' or the general scheme"
+        )
+        raise ValueError(msg)
+    if t_q == 0 or t_k == 0:
+        return xp.zeros((*q.shape[:-2], t_q, t_k), dtype=q.dtype, device=dev)
+    policy = "zero" if beyond == "zero" else "clip"
+    rows = _rows_for_every_distance(xp, table, t_k, policy)
+    out = rel_shift(table_logits(q, rows))
+    return xp.where(valid, out, zero)
+
+
+def music_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    table: Any,
+    /,
+    *,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool = True,
+    q_offset: int = 0,
+    beyond: str = "clip",
+    method: str = "efficient",
+    return_weights: bool = False,
+) -> Any:
+    r"""Causal relative self-attention of the Music Transformer.
+
+    .. math:: w = \operatorname{softmax}_{r \le 0}\bigl(s\,(q k^\top + S^\text{rel})\bigr),
+              \quad S^\text{rel}_{ij} = q_i \cdot E_{r_{ij} + M - 1}
+
+    Parameters
+    ----------
+    q, k, v : floating arrays ``(..., t_q, d)``, ``(..., t_k, d)``, ``(..., t_k, d_v)``
+    table : floating array, ``(M, d)`` or ``(h, M, d)``
+    scale, mask, q_offset, return_weights
+        As in `relpos_ref.attention`.
+    causal : bool, optional
+        ``True`` (the scheme's setting). With ``False`` future keys are
+        attended with a zero positional term.
+    beyond, method
+        As in `music_logits`.
+
+    Returns
+    -------
+    out : array ``(..., t_q, d_v)``, and the weights with ``return_weights=True``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> q = k = v = np.eye(3)
+    >>> music_attention(q, k, v, np.zeros((3, 3)))[0].tolist()
+    [1.0, 0.0, 0.0]
+    """
+    _xp.array_namespace(q, k, v, table)
+    position = music_logits(q, table, k.shape[-2], q_offset=q_offset, beyond=beyond, method=method)
+    return attention(
+        q,
+        k,
+        v,
+        scale=scale,
+        mask=mask,
+        causal=causal,
+        q_offset=q_offset,
+        position=position,
+        return_weights=return_weights,
+    )

@@ -1,0 +1,303 @@
+r"""Relative position representations of Shaw et al. (2018), keys and values.
+
+.. math::
+    e_{ij} = s\,\bigl(q_i \cdot k_j + q_i \cdot a^K_{\text{idx}(r_{ij})}\bigr), \qquad
+    z_i = \sum_j w_{ij}\,\bigl(v_j + a^V_{\text{idx}(r_{ij})}\bigr),
+
+with ``r = j - (i + q_offset)``, tables of ``2K + 1`` rows (row ``r + K``)
+and a policy for ``|r| > K``: ``"clip"`` (the paper), ``"zero"`` or ``"error"``.
+
+The efficient path never builds a ``(t_q, t_k, d)`` tensor: the key term is
+``q a^K^T`` (``t_q x (2K+1)``) laid out by the table index, and the value
+term bins the weights by distance (exact entries for ``|r| < K``, prefix sums
+for the clipped ends) and multiplies the ``t_q x (2K+1)`` bins by ``a^V``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _xp
+from .._validate import check_choice, nonnegative_int
+from ..attention import attention
+from ..layouts import take_per_row, to_relative
+from ..positions import (
+    BEYOND_POLICIES,
+    TableIndex,
+    check_distances_in_table,
+    relative_positions,
+    table_index,
+)
+from ._tables import (
+    check_method,
+    check_table,
+    contract_rows,
+    gather_rows,
+    table_logits,
+    weighted_rows,
+)
+
+__all__ = ["shaw_attention", "shaw_index", "shaw_logits", "shaw_values"]
+
+
+def _max_distance(name: str, table: Any) -> int:
+    n = table.shape[-2]
+    if n % 2 != 1:
+        msg = (
+            f"`{name}` must have 2K + 1 rows (an odd number), got {n} (shape {tuple(table.shape)})"
+        )
+        raise ValueError(msg)
+    return (n - 1) // 2
+
+
+def shaw_index(
+    t_q: int,
+    t_k: int,
+    /,
+    *,
+    max_distance: int,
+    q_offset: int = 0,
+    beyond: str = "clip",
+    xp: Any,
+    device: Any = None,
+) -> TableIndex:
+    """Table row and validity for every (query, key) pair; ``"error"`` checked on the host.
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> shaw_index(1, 5, max_distance=1, xp=xp).index
+    array([[1, 2, 2, 2, 2]])
+    """
+    k = nonnegative_int("max_distance", max_distance)
+    check_choice("beyond", beyond, BEYOND_POLICIES)
+    if beyond == "error":
+        check_distances_in_table(
+            t_q, t_k, q_offset=q_offset, low=-k, high=k, what=f"max_distance={k}"
+        )
+        beyond = "clip"
+    r = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=device)
+    return table_index(r, k, beyond=beyond)
+
+
+def shaw_logits(
+    q: Any,
+    key_table: Any,
+    /,
+    t_k: int,
+    *,
+    q_offset: int = 0,
+    beyond: str = "clip",
+    method: str = "efficient",
+) -> Any:
+    r"""Key term :math:`P_{ij} = q_i \cdot a^K_{\text{idx}(r_{ij})}` (before scaling).
+
+    Parameters
+    ----------
+    q : floating array, shape ``(..., t_q, d)``
+    key_table : floating array, shape ``(2K+1, d)`` or ``(h, 2K+1, d)``
+        Row ``r + K`` for distance ``r``.
+    t_k : int
+        Number of keys.
+    q_offset : int, optional
+        Position of query 0.
+    beyond : {"clip", "zero", "error"}, optional
+        Distances ``|r| > K``: the row of ``±K``, a zero term, or an error.
+    method : {"efficient", "definition"}, optional
+        ``"definition"`` gathers a ``(t_q, t_k, d)`` tensor of rows;
+        ``"efficient"`` gathers from ``q a^K^T``, memory ``O(t_q (t_k + K))``.
+
+    Returns
+    -------
+    array, shape ``(..., t_q, t_k)``
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> q = xp.asarray([[1.0]])
+    >>> aK = xp.asarray([[-1.0], [0.0], [1.0]])  # K = 1: r = -1, 0, 1
+    >>> shaw_logits(q, aK, 4)
+    array([[0., 1., 1., 1.]])
+    >>> shaw_logits(q, aK, 4, beyond="zero")
+    array([[0., 1., 0., 0.]])
+    """
+    xp = _xp.array_namespace(q, key_table)
+    check_method(method)
+    check_table("key_table", key_table, q, width=q.shape[-1])
+    k = _max_distance("key_table", key_table)
+    t_q = q.shape[-2]
+    index, valid = shaw_index(
+        t_q, t_k, max_distance=k, q_offset=q_offset, beyond=beyond, xp=xp, device=_xp.device(q)
+    )
+    zero = xp.zeros((), dtype=q.dtype, device=_xp.device(q))
+    if method == "definition":
+        rows = gather_rows(key_table, index)
+        rows = xp.where(valid[..., None], rows, zero)
+        return contract_rows(q, rows)
+    out = take_per_row(table_logits(q, key_table), index)
+    return out if beyond == "clip" else xp.where(valid, out, zero)
+
+
+def _distance_bins(weights: Any, k: int, q_offset: int, beyond: str) -> Any:
+    # W[..., i, c] = sum of w[..., i, j] over the keys whose table row is c.
+    xp = _xp.array_namespace(weights)
+    *batch, t_q, t_k = weights.shape
+    n = 2 * k + 1
+    bins = to_relative(weights, n, offset=k, q_offset=q_offset)
+    if beyond != "clip" or t_q == 0 or t_k == 0:
+        return bins
+    dev = _xp.device(weights)
+    zero_col = xp.zeros((*batch, t_q, 1), dtype=weights.dtype, device=dev)
+    prefix = xp.concat([zero_col, xp.cumulative_sum(weights, axis=-1)], axis=-1)
+    i = xp.arange(t_q, dtype=_xp.index_dtype(xp, dev), device=dev)[:, None]
+    # Keys before the one at r = -K, and after the one at r = +K.
+    left_end = xp.clip(i + q_offset - k, 0, t_k)
+    right_start = xp.clip(i + q_offset + k + 1, 0, t_k)
+    left = take_per_row(prefix, left_end)
+    right = prefix[..., t_k : t_k + 1] - take_per_row(prefix, right_start)
+    if n == 1:
+        return bins + left + right
+    middle = xp.zeros((*batch, t_q, n - 2), dtype=weights.dtype, device=dev)
+    return bins + xp.concat([left, middle, right], axis=-1)
+
+
+def shaw_values(
+    weights: Any,
+    value_table: Any,
+    /,
+    *,
+    q_offset: int = 0,
+    beyond: str = "clip",
+    method: str = "efficient",
+) -> Any:
+    r"""Value term :math:`\sum_j w_{ij}\, a^V_{\text{idx}(r_{ij})}`.
+
+    Parameters
+    ----------
+    weights : floating array, shape ``(..., t_q, t_k)``
+        Attention weights.
+    value_table : floating array, shape ``(2K+1, d_v)`` or ``(h, 2K+1, d_v)``
+    q_offset, beyond
+        As in `shaw_logits`.
+    method : {"efficient", "definition"}, optional
+        ``"definition"`` gathers a ``(t_q, t_k, d_v)`` tensor of rows;
+        ``"efficient"`` sums the weights into ``2K + 1`` distance bins,
+        memory ``O(t_q (t_k + K))``.
+
+    Returns
+    -------
+    array, shape ``(..., t_q, d_v)``
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> w = xp.asarray([[0.5, 0.25, 0.25]])
+    >>> aV = xp.asarray([[1.0], [2.0], [4.0]])  # K = 1
+    >>> shaw_values(w, aV)  # r = 0, 1, 2 -> rows 1, 2, 2
+    array([[3.]])
+    """
+    xp = _xp.array_namespace(weights, value_table)
+    check_method(method)
+    check_table("value_table", value_table, weights)
+    check_choice("beyond", beyond, BEYOND_POLICIES)
+    k = _max_distance("value_table", value_table)
+    t_q, t_k = weights.shape[-2:]
+    if method == "definition":
+        index, valid = shaw_index(
+            t_q,
+            t_k,
+            max_distance=k,
+            q_offset=q_offset,
+            beyond=beyond,
+            xp=xp,
+            device=_xp.device(weights),
+        )
+        zero = xp.zeros((), dtype=weights.dtype, device=_xp.device(weights))
+        rows = xp.where(valid[..., None], gather_rows(value_table, index), zero)
+        return weighted_rows(weights, rows)
+    if beyond == "error":
+        check_distances_in_table(
+            t_q, t_k, q_offset=q_offset, low=-k, high=k, what=f"max_distance={k}"
+        )
+        beyond = "clip"
+    return xp.matmul(_distance_bins(weights, k, q_offset, beyond), value_table)
+
+
+def shaw_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    key_table: Any,
+    value_table: Any = None,
+    /,
+    *,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool = False,
+    q_offset: int = 0,
+    beyond: str = "clip",
+    method: str = "efficient",
+    return_weights: bool = False,
+) -> Any:
+    r"""Self-attention with relative position representations (Shaw et al. 2018).
+
+    .. math::
+        w = \operatorname{softmax}\bigl(s\,(q k^\top + P)\bigr),\quad
+        P_{ij} = q_i \cdot a^K_{\text{idx}(r_{ij})},\quad
+        z_i = \sum_j w_{ij} (v_j + a^V_{\text{idx}(r_{ij})})
+
+    Parameters
+    ----------
+    q, k, v : floating arrays ``(..., t_q, d)``, ``(..., t_k, d)``, ``(..., t_k, d_v)``
+    key_table : floating array, ``(2K+1, d)`` or ``(h, 2K+1, d)``
+    value_table : floating array, ``(2K+1, d_v)`` or ``(h, 2K+1, d_v)``, optional
+        Relative value embeddings; omitted, only the key term is used.
+    scale, mask, causal, q_offset, return_weights
+        As in `relpos_ref.attention`.
+    beyond, method
+        As in `shaw_logits`.
+
+    Returns
+    -------
+    out : array ``(..., t_q, d_v)``, and the weights with ``return_weights=True``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> q = k = v = np.eye(3)
+    >>> out = shaw_attention(q, k, v, np.zeros((5, 3)), np.zeros((5, 3)))
+    >>> bool(np.allclose(out, shaw_attention(q, k, v, np.zeros((5, 3)), method="definition")))
+    True
+    """
+    _xp.array_namespace(q, k, v, key_table, value_table)
+    if value_table is not None and value_table.shape[-2] != key_table.shape[-2]:
+        msg = (
+            f"`value_table` must have as many rows as `key_table`, got shapes "
+            f"{tuple(value_table.shape)} and {tuple(key_table.shape)}"
+        )
+        raise ValueError(msg)
+    position = shaw_logits(
+        q, key_table, k.shape[-2], q_offset=q_offset, beyond=beyond, method=method
+    )
+    out, weights = attention(
+        q,
+        k,
+        v,
+        scale=scale,
+        mask=mask,
+        causal=causal,
+        q_offset=q_offset,
+        position=position,
+        return_weights=True,
+    )
+    if value_table is not None:
+        if value_table.shape[-1] != v.shape[-1]:
+            msg = (
+                f"`value_table` must have width d_v = {v.shape[-1]}, got shape "
+                f"{tuple(value_table.shape)}"
+            )
+            raise ValueError(msg)
+        out = out + shaw_values(
+            weights, value_table, q_offset=q_offset, beyond=beyond, method=method
+        )
+    return (out, weights) if return_weights else out
