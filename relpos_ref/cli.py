@@ -11,7 +11,22 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["format_matrix", "main"]
+__all__ = ["VIEWS", "format_matrix", "main"]
+
+VIEWS = (
+    "positions",
+    "index",
+    "valid",
+    "causal-index",
+    "grid",
+    "absolute",
+    "shaw",
+    "bias",
+    "music",
+    "general",
+    "grid2d",
+)
+_ALIASES = {"shaw": "index", "bias": "index", "music": "causal-index"}
 
 _SHOW_HELP = """\
 views:
@@ -24,12 +39,22 @@ views:
   grid          row and column distances between the tokens of an h x w grid
                 in row-major order
 
+scheme views (the table row each (query, key) pair reads):
+  absolute      row j of the absolute table (the key's position)
+  shaw, bias    row r + K of the 2K+1-row table (same as index)
+  music         row r + M - 1 of the one-sided table (same as causal-index)
+  general       row of the 2 t_max - 1 table, --order past_to_future or
+                future_to_past
+  grid2d        rows of the row table (2h - 1 rows) and of the column table
+                (2w - 1 rows) for each token pair
+
 examples:
   relpos-ref show positions --tq 5 --tk 5
   relpos-ref show positions --tq 2 --tk 6 --end-aligned
   relpos-ref show index --tq 5 --tk 5 --max-distance 2 --beyond zero
   relpos-ref show causal-index --tq 4 --tk 4 --length 3
   relpos-ref show grid --height 2 --width 3
+  relpos-ref show general --tq 2 --tk 4 --t-max 4 --end-aligned
 """
 
 
@@ -83,6 +108,15 @@ def _grid_args(p: argparse.ArgumentParser) -> None:
         default="clip",
         help="policy for distances beyond the table (default clip)",
     )
+    p.add_argument(
+        "--t-max", type=int, default=None, help="t_max for general (default max(t_q, t_k))"
+    )
+    p.add_argument(
+        "--order",
+        choices=("past_to_future", "future_to_past"),
+        default="past_to_future",
+        help="row order of the general table (default past_to_future)",
+    )
     p.add_argument("--height", type=int, default=2, help="grid height h (default 2)")
     p.add_argument("--width", type=int, default=3, help="grid width w (default 3)")
 
@@ -108,9 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     show.add_argument(
-        "view",
-        choices=("positions", "index", "valid", "causal-index", "grid"),
-        help="what to print",
+        "view", choices=VIEWS, metavar="VIEW", help="what to print: " + ", ".join(VIEWS)
     )
     _grid_args(show)
     return parser
@@ -128,8 +160,23 @@ def _show(args: argparse.Namespace) -> str:
     import array_api_compat.numpy as xp
 
     from .positions import causal_table_index, grid_positions, relative_positions, table_index
+    from .schemes import absolute_index, general_index, grid2d_index
 
-    if args.view == "grid":
+    view = _ALIASES.get(args.view, args.view)
+    if view == "grid2d":
+        rows, cols = grid2d_index(args.height, args.width, xp=xp)
+        h, w = args.height, args.width
+        return "\n".join(
+            [
+                f"grid2d h={h} w={w}: row table of {2 * h - 1} rows, column table of {2 * w - 1}",
+                "row-table row (x_m - x_n + h - 1)",
+                format_matrix(rows.tolist(), row_label="n", col_label="m"),
+                "",
+                "column-table row (y_m - y_n + w - 1)",
+                format_matrix(cols.tolist(), row_label="n", col_label="m"),
+            ]
+        )
+    if view == "grid":
         rows, cols = grid_positions(args.height, args.width, xp=xp)
         dr = rows[None, :] - rows[:, None]
         dc = cols[None, :] - cols[:, None]
@@ -152,13 +199,23 @@ def _show(args: argparse.Namespace) -> str:
     q_offset = t_k - t_q if args.end_aligned else args.q_offset
     r = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp)
     header = f"t_q={t_q} t_k={t_k} q_offset={q_offset}"
-    if args.view == "positions":
+    if view == "absolute":
+        index = absolute_index(t_q, t_k, xp=xp)
+        return f"row j of the absolute table   {header}\n" + format_matrix(index.tolist())
+    if view == "general":
+        t_max = max(t_q, t_k) if args.t_max is None else args.t_max
+        index = general_index(t_q, t_k, t_max=t_max, q_offset=q_offset, order=args.order, xp=xp)
+        what = f"{header} t_max={t_max} order={args.order}"
+        return f"row of the {2 * t_max - 1}-row general table   {what}\n" + format_matrix(
+            index.tolist()
+        )
+    if view == "positions":
         return f"distance r = j - (i + q_offset)   {header}\n" + format_matrix(r.tolist())
-    if args.view in ("index", "valid"):
+    if view in ("index", "valid"):
         k = args.max_distance
         index, valid = table_index(r, k, beyond=args.beyond)
         what = f"{header} K={k} beyond={args.beyond}"
-        if args.view == "valid":
+        if view == "valid":
             shown = valid.astype(int).tolist()
             return f"valid (1 = has a row)   {what}\n" + format_matrix(shown)
         shown = _mark_invalid(index, valid)

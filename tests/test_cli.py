@@ -78,3 +78,33 @@ def test_module_entry_point_and_console_script():
         check=True,
     )
     assert out.stdout.splitlines()[1] == "i\\j  0  1"
+
+
+def test_show_every_scheme_layout(capsys):
+    _, out, _ = _run(capsys, "show", "shaw", "--tq", "5", "-K", "4")
+    assert out.splitlines()[2] == "  0  4  5  6  7  8"  # word 0 uses indices 4..8
+    assert out.splitlines()[-1] == "  4  0  1  2  3  4"  # word 4 uses 0..4
+    _, out, _ = _run(capsys, "show", "general", "--tq", "4", "--t-max", "4")
+    assert out.splitlines()[-1] == "  3  0  1  2  3"  # index 0 is distance -3
+    _, out, _ = _run(
+        capsys,
+        "show",
+        "general",
+        "--tq",
+        "1",
+        "--tk",
+        "4",
+        "--t-max",
+        "4",
+        "--order",
+        "future_to_past",
+    )
+    assert out.splitlines()[-1] == "  0  3  2  1  0"
+    _, out, _ = _run(capsys, "show", "music", "--tq", "2")
+    assert out.splitlines()[-1] == "  1  0  1"
+    _, out, _ = _run(capsys, "show", "absolute", "--tq", "1", "--tk", "3")
+    assert out.splitlines()[-1] == "  0  0  1  2"
+    _, out, _ = _run(capsys, "show", "grid2d", "--height", "2", "--width", "1")
+    assert "row table of 3 rows, column table of 1" in out
+    code, _, err = _run(capsys, "show", "general", "--tq", "4", "--tk", "5", "--t-max", "4")
+    assert code == 2 and "exceeds the table's maximum length t_max = 4" in err

@@ -18,6 +18,12 @@ MODULES = [
     "relpos_ref.attention",
     "relpos_ref.cli",
     "relpos_ref.backends",
+    "relpos_ref.schemes.absolute",
+    "relpos_ref.schemes.bias",
+    "relpos_ref.schemes.general",
+    "relpos_ref.schemes.grid2d",
+    "relpos_ref.schemes.music",
+    "relpos_ref.schemes.shaw",
 ]
 
 
