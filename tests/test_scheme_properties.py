@@ -161,6 +161,8 @@ def test_bad_input(backend):
         rp.shaw_logits(q, a(np.ones((3, 5, 8))), 4)
     with pytest.raises(ValueError, match=r"`value_table` must have as many rows as `key_table`"):
         rp.shaw_attention(q, q, q, a(np.ones((5, 8))), a(np.ones((3, 8))))
+    with pytest.raises(ValueError, match=r"`value_table` must have width d_v = 8"):
+        rp.shaw_attention(q, q, q, a(np.ones((5, 8))), a(np.ones((5, 3))))
     with pytest.raises(ValueError, match=r"`t_k` = 5 exceeds the table's maximum length t_max = 4"):
         rp.general_logits(q, a(np.ones((7, 8))), 5)
     with pytest.raises(ValueError, match=r"`t_k` = 5 exceeds the table's 4 positions"):

@@ -276,6 +276,12 @@ def shaw_attention(
             f"{tuple(value_table.shape)} and {tuple(key_table.shape)}"
         )
         raise ValueError(msg)
+    if value_table is not None and value_table.shape[-1] != v.shape[-1]:
+        msg = (
+            f"`value_table` must have width d_v = {v.shape[-1]}, got shape "
+            f"{tuple(value_table.shape)}"
+        )
+        raise ValueError(msg)
     position = shaw_logits(
         q, key_table, k.shape[-2], q_offset=q_offset, beyond=beyond, method=method
     )
@@ -291,12 +297,6 @@ def shaw_attention(
         return_weights=True,
     )
     if value_table is not None:
-        if value_table.shape[-1] != v.shape[-1]:
-            msg = (
-                f"`value_table` must have width d_v = {v.shape[-1]}, got shape "
-                f"{tuple(value_table.shape)}"
-            )
-            raise ValueError(msg)
         out = out + shaw_values(
             weights, value_table, q_offset=q_offset, beyond=beyond, method=method
         )
