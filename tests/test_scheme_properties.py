@@ -21,7 +21,7 @@ SCHEMES = {
     # name: (table rows for (t_q, t_k), call(backend arrays, table, method, **kw))
     "shaw": lambda q, k, v, t, m, **kw: rp.shaw_attention(q, k, v, t, t[..., :3], method=m, **kw),
     "bias": lambda q, k, v, t, m, **kw: rp.bias_attention(q, k, v, t[..., 0], **kw),
-    "music": lambda q, k, v, t, m, **kw: rp.music_attention(q, k, v, t, method=m, **kw),
+    "music": lambda q, k, v, t, m, **kw: rp.music_attention(q, k, v, t, t[..., :3], method=m, **kw),
     "general": lambda q, k, v, t, m, **kw: rp.general_attention(q, k, v, t, method=m, **kw),
 }
 

@@ -196,9 +196,12 @@ def test_bias(
     memory=st.integers(0, 3),
     m=st.integers(1, 8),
     beyond=st.sampled_from(["clip", "zero"]),
+    values=st.booleans(),
     **common,
 )
-def test_music(backend, t_q, memory, m, beyond, heads, per_head, d, causal, use_mask, dtype, seed):
+def test_music(
+    backend, t_q, memory, m, beyond, values, heads, per_head, d, causal, use_mask, dtype, seed
+):
     t_k, q_offset = t_q + memory, memory  # self-attention with a cache, end-aligned
     c = Case(
         backend,
@@ -212,11 +215,13 @@ def test_music(backend, t_q, memory, m, beyond, heads, per_head, d, causal, use_
         use_mask=use_mask,
     )
     e = c.table(m)
+    e_v = c.table(m, width=3) if values else None
     reference = ref.relative_attention(
         c.q,
         c.k,
         c.v,
         key_row=ref.music_row(e, beyond, q_offset),
+        value_row=None if e_v is None else ref.music_row(e_v, beyond, q_offset),
         mask=c.mask,
         causal=True,
         q_offset=q_offset,
@@ -231,6 +236,7 @@ def test_music(backend, t_q, memory, m, beyond, heads, per_head, d, causal, use_
             c.on(c.k),
             c.on(c.v),
             c.on(e),
+            c.on(e_v),
             mask=c.on(c.mask),
             q_offset=q_offset,
             beyond=beyond,

@@ -12,7 +12,7 @@ from .absolute import absolute_attention, absolute_index, absolute_logits
 from .bias import bias_attention, bias_logits
 from .general import general_attention, general_index, general_logits
 from .grid2d import grid2d_attention, grid2d_index, grid2d_logits
-from .music import music_attention, music_index, music_logits
+from .music import music_attention, music_index, music_logits, music_values
 from .shaw import shaw_attention, shaw_index, shaw_logits, shaw_values
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "music_attention",
     "music_index",
     "music_logits",
+    "music_values",
     "shaw_attention",
     "shaw_index",
     "shaw_logits",

@@ -10,12 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _xp
+from ..layouts import take_per_row, to_relative
 
 __all__ = [
     "METHODS",
     "check_method",
     "check_table",
     "contract_rows",
+    "distance_bins",
     "gather_rows",
     "table_logits",
     "weighted_rows",
@@ -126,3 +128,40 @@ def weighted_rows(weights: Any, rows: Any) -> Any:
     r"""``out[..., i, :] = sum_j weights[..., i, j] rows[..., i, j, :]`` (definition)."""
     xp = _xp.array_namespace(weights, rows)
     return xp.sum(weights[..., None] * rows, axis=-2)
+
+
+def distance_bins(
+    weights: Any, /, *, low: int, high: int, q_offset: int, clip: bool, clip_future: bool = True
+) -> Any:
+    r"""Attention weights summed by table row: the efficient relative-values term.
+
+    .. math:: W[..., i, c] = \sum_{j:\ \text{row}(r_{ij}) = c} w[..., i, j]
+
+    for a table with rows for ``r = low .. high`` (row ``r - low``). Rows
+    inside the table hold one weight each (read exactly, by
+    `relpos_ref.layouts.to_relative`); with ``clip=True`` the first row also
+    collects every key before ``low`` and, if ``clip_future``, the last row
+    every key after ``high`` (prefix sums). ``W @ table`` then equals
+    ``sum_j w_ij table[row(r_ij)]`` without a ``(t_q, t_k, d)`` tensor.
+    """
+    xp = _xp.array_namespace(weights)
+    *batch, t_q, t_k = weights.shape
+    n = high - low + 1
+    bins = to_relative(weights, n, offset=-low, q_offset=q_offset)
+    if not clip or t_q == 0 or t_k == 0:
+        return bins
+    dev = _xp.device(weights)
+    zero_col = xp.zeros((*batch, t_q, 1), dtype=weights.dtype, device=dev)
+    prefix = xp.concat([zero_col, xp.cumulative_sum(weights, axis=-1)], axis=-1)
+    i = xp.arange(t_q, dtype=_xp.index_dtype(xp, dev), device=dev)[:, None]
+    # Keys before the one at r = low, and after the one at r = high.
+    left = take_per_row(prefix, xp.clip(i + q_offset + low, 0, t_k))
+    if clip_future:
+        after = take_per_row(prefix, xp.clip(i + q_offset + high + 1, 0, t_k))
+        right = prefix[..., t_k : t_k + 1] - after
+    else:
+        right = zero_col
+    if n == 1:
+        return bins + left + right
+    middle = xp.zeros((*batch, t_q, n - 2), dtype=weights.dtype, device=dev)
+    return bins + xp.concat([left, middle, right], axis=-1)

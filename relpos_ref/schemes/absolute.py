@@ -20,6 +20,20 @@ __all__ = ["absolute_attention", "absolute_index", "absolute_logits"]
 def absolute_index(t_q: int, t_k: int, /, *, xp: Any, device: Any = None) -> Any:
     """Row of the absolute table used by each (query, key) pair: the key's position ``j``.
 
+    Parameters
+    ----------
+    t_q, t_k : int
+        Number of queries and keys.
+    xp : namespace
+        Array API namespace of the result.
+    device : optional
+        Device of the result.
+
+    Returns
+    -------
+    array, shape ``(t_q, t_k)``
+        ``index[i, j] = j``.
+
     Examples
     --------
     >>> import array_api_compat.numpy as xp

@@ -42,6 +42,26 @@ def general_index(
     Raises a `ValueError` when ``t_q`` or ``t_k`` exceeds ``t_max`` or a
     distance falls outside the table.
 
+    Parameters
+    ----------
+    t_q, t_k : int
+        Number of queries and keys, each ``<= t_max``.
+    t_max : int
+        Maximum length; the table has ``2 t_max - 1`` rows.
+    q_offset : int, optional
+        Position of query 0.
+    order : {"past_to_future", "future_to_past"}, optional
+        Row order of the table.
+    xp : namespace
+        Array API namespace of the result.
+    device : optional
+        Device of the result.
+
+    Returns
+    -------
+    array, shape ``(t_q, t_k)``
+        ``r + t_max - 1`` or ``t_max - 1 - r``.
+
     Examples
     --------
     >>> import array_api_compat.numpy as xp

@@ -28,6 +28,20 @@ __all__ = ["grid2d_attention", "grid2d_index", "grid2d_logits"]
 def grid2d_index(height: int, width: int, /, *, xp: Any, device: Any = None) -> tuple[Any, Any]:
     """Rows of the row table and of the column table for each (query, key) token pair.
 
+    Parameters
+    ----------
+    height, width : int
+        Grid size, ``>= 1``.
+    xp : namespace
+        Array API namespace of the result.
+    device : optional
+        Device of the result.
+
+    Returns
+    -------
+    rows, cols : arrays, shape ``(hw, hw)``
+        ``x_m - x_n + h - 1`` and ``y_m - y_n + w - 1``.
+
     Examples
     --------
     >>> import array_api_compat.numpy as xp

@@ -25,9 +25,17 @@ from ..positions import (
     distance_range,
     relative_positions,
 )
-from ._tables import check_method, check_table, contract_rows, gather_rows, table_logits
+from ._tables import (
+    check_method,
+    check_table,
+    contract_rows,
+    distance_bins,
+    gather_rows,
+    table_logits,
+    weighted_rows,
+)
 
-__all__ = ["music_attention", "music_index", "music_logits"]
+__all__ = ["music_attention", "music_index", "music_logits", "music_values"]
 
 
 def music_index(
@@ -42,6 +50,26 @@ def music_index(
     device: Any = None,
 ) -> TableIndex:
     """One-sided table row and validity per pair; future entries are invalid.
+
+    Parameters
+    ----------
+    t_q, t_k : int
+        Number of queries and keys.
+    length : int
+        ``M``; rows for ``r = -(M-1) .. 0``.
+    q_offset : int, optional
+        Position of query 0.
+    beyond : {"clip", "zero", "error"}, optional
+        Policy for ``r < -(M-1)``.
+    xp : namespace
+        Array API namespace of the result.
+    device : optional
+        Device of the result.
+
+    Returns
+    -------
+    TableIndex
+        ``index = clip(r, -(M-1), 0) + M - 1`` and ``valid``, each ``(t_q, t_k)``.
 
     Examples
     --------
@@ -150,11 +178,66 @@ def music_logits(
     return xp.where(valid, out, zero)
 
 
+def music_values(
+    weights: Any,
+    value_table: Any,
+    /,
+    *,
+    q_offset: int = 0,
+    beyond: str = "clip",
+    method: str = "efficient",
+) -> Any:
+    r"""Relative value term :math:`\sum_{j:\, r_{ij} \le 0} w_{ij}\, E^V_{\text{idx}(r_{ij})}`.
+
+    Parameters
+    ----------
+    weights : floating array, shape ``(..., t_q, t_k)``
+    value_table : floating array, shape ``(M, d_v)`` or ``(h, M, d_v)``
+        Row ``r + M - 1`` for ``r = -(M-1) .. 0``; future keys get no row.
+    q_offset, beyond
+        As in `music_logits`.
+    method : {"efficient", "definition"}, optional
+        ``"efficient"`` sums the weights into the ``M`` distance bins,
+        memory ``O(t_q (t_k + M))``.
+
+    Returns
+    -------
+    array, shape ``(..., t_q, d_v)``
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> w = xp.asarray([[0.25, 0.25, 0.5]])
+    >>> EV = xp.asarray([[1.0], [10.0]])  # M = 2: r = -1, 0
+    >>> music_values(w, EV, q_offset=2)  # r = -2 (clipped), -1, 0
+    array([[5.5]])
+    """
+    xp = _xp.array_namespace(weights, value_table)
+    check_method(method)
+    check_table("value_table", value_table, weights)
+    m = value_table.shape[-2]
+    t_q, t_k = weights.shape[-2:]
+    if method == "definition":
+        dev = _xp.device(weights)
+        index, valid = music_index(
+            t_q, t_k, length=m, q_offset=q_offset, beyond=beyond, xp=xp, device=dev
+        )
+        zero = xp.zeros((), dtype=weights.dtype, device=dev)
+        rows = xp.where(valid[..., None], gather_rows(value_table, index), zero)
+        return weighted_rows(weights, rows)
+    music_index(t_q, t_k, length=m, q_offset=q_offset, beyond=beyond, xp=xp)  # validates
+    bins = distance_bins(
+        weights, low=-(m - 1), high=0, q_offset=q_offset, clip=beyond == "clip", clip_future=False
+    )
+    return xp.matmul(bins, value_table)
+
+
 def music_attention(
     q: Any,
     k: Any,
     v: Any,
     table: Any,
+    value_table: Any = None,
     /,
     *,
     scale: float | None = None,
@@ -174,6 +257,8 @@ def music_attention(
     ----------
     q, k, v : floating arrays ``(..., t_q, d)``, ``(..., t_k, d)``, ``(..., t_k, d_v)``
     table : floating array, ``(M, d)`` or ``(h, M, d)``
+    value_table : floating array, ``(M, d_v)`` or ``(h, M, d_v)``, optional
+        Relative value embeddings, added as in `music_values`.
     scale, mask, q_offset, return_weights
         As in `relpos_ref.attention`.
     causal : bool, optional
@@ -193,9 +278,15 @@ def music_attention(
     >>> music_attention(q, k, v, np.zeros((3, 3)))[0].tolist()
     [1.0, 0.0, 0.0]
     """
-    _xp.array_namespace(q, k, v, table)
+    _xp.array_namespace(q, k, v, table, value_table)
+    if value_table is not None and value_table.shape[-1] != v.shape[-1]:
+        msg = (
+            f"`value_table` must have width d_v = {v.shape[-1]}, got shape "
+            f"{tuple(value_table.shape)}"
+        )
+        raise ValueError(msg)
     position = music_logits(q, table, k.shape[-2], q_offset=q_offset, beyond=beyond, method=method)
-    return attention(
+    out, weights = attention(
         q,
         k,
         v,
@@ -204,5 +295,10 @@ def music_attention(
         causal=causal,
         q_offset=q_offset,
         position=position,
-        return_weights=return_weights,
+        return_weights=True,
     )
+    if value_table is not None:
+        out = out + music_values(
+            weights, value_table, q_offset=q_offset, beyond=beyond, method=method
+        )
+    return (out, weights) if return_weights else out

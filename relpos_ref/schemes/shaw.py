@@ -20,7 +20,7 @@ from typing import Any
 from .. import _xp
 from .._validate import check_choice, nonnegative_int
 from ..attention import attention
-from ..layouts import take_per_row, to_relative
+from ..layouts import take_per_row
 from ..positions import (
     BEYOND_POLICIES,
     TableIndex,
@@ -32,6 +32,7 @@ from ._tables import (
     check_method,
     check_table,
     contract_rows,
+    distance_bins,
     gather_rows,
     table_logits,
     weighted_rows,
@@ -62,6 +63,26 @@ def shaw_index(
     device: Any = None,
 ) -> TableIndex:
     """Table row and validity for every (query, key) pair; ``"error"`` checked on the host.
+
+    Parameters
+    ----------
+    t_q, t_k : int
+        Number of queries and keys.
+    max_distance : int
+        ``K``; the table has ``2K + 1`` rows.
+    q_offset : int, optional
+        Position of query 0.
+    beyond : {"clip", "zero", "error"}, optional
+        Policy for ``|r| > K``.
+    xp : namespace
+        Array API namespace of the result.
+    device : optional
+        Device of the result.
+
+    Returns
+    -------
+    TableIndex
+        ``index = clip(r, -K, K) + K`` and ``valid``, each ``(t_q, t_k)``.
 
     Examples
     --------
@@ -138,29 +159,6 @@ def shaw_logits(
     return out if beyond == "clip" else xp.where(valid, out, zero)
 
 
-def _distance_bins(weights: Any, k: int, q_offset: int, beyond: str) -> Any:
-    # W[..., i, c] = sum of w[..., i, j] over the keys whose table row is c.
-    xp = _xp.array_namespace(weights)
-    *batch, t_q, t_k = weights.shape
-    n = 2 * k + 1
-    bins = to_relative(weights, n, offset=k, q_offset=q_offset)
-    if beyond != "clip" or t_q == 0 or t_k == 0:
-        return bins
-    dev = _xp.device(weights)
-    zero_col = xp.zeros((*batch, t_q, 1), dtype=weights.dtype, device=dev)
-    prefix = xp.concat([zero_col, xp.cumulative_sum(weights, axis=-1)], axis=-1)
-    i = xp.arange(t_q, dtype=_xp.index_dtype(xp, dev), device=dev)[:, None]
-    # Keys before the one at r = -K, and after the one at r = +K.
-    left_end = xp.clip(i + q_offset - k, 0, t_k)
-    right_start = xp.clip(i + q_offset + k + 1, 0, t_k)
-    left = take_per_row(prefix, left_end)
-    right = prefix[..., t_k : t_k + 1] - take_per_row(prefix, right_start)
-    if n == 1:
-        return bins + left + right
-    middle = xp.zeros((*batch, t_q, n - 2), dtype=weights.dtype, device=dev)
-    return bins + xp.concat([left, middle, right], axis=-1)
-
-
 def shaw_values(
     weights: Any,
     value_table: Any,
@@ -220,7 +218,8 @@ def shaw_values(
             t_q, t_k, q_offset=q_offset, low=-k, high=k, what=f"max_distance={k}"
         )
         beyond = "clip"
-    return xp.matmul(_distance_bins(weights, k, q_offset, beyond), value_table)
+    bins = distance_bins(weights, low=-k, high=k, q_offset=q_offset, clip=beyond == "clip")
+    return xp.matmul(bins, value_table)
 
 
 def shaw_attention(
