@@ -16,9 +16,11 @@ __all__ = [
     "METHODS",
     "check_method",
     "check_table",
+    "check_value_width",
     "contract_rows",
     "distance_bins",
     "gather_rows",
+    "gather_valid_rows",
     "table_logits",
     "weighted_rows",
 ]
@@ -165,3 +167,20 @@ def distance_bins(
         return bins + left + right
     middle = xp.zeros((*batch, t_q, n - 2), dtype=weights.dtype, device=dev)
     return bins + xp.concat([left, middle, right], axis=-1)
+
+
+def check_value_width(value_table: Any, v: Any) -> None:
+    """Raise a `ValueError` unless a relative value table is as wide as ``v`` (``d_v``)."""
+    if value_table is not None and value_table.shape[-1] != v.shape[-1]:
+        msg = (
+            f"`value_table` must have width d_v = {v.shape[-1]}, got shape "
+            f"{tuple(value_table.shape)}"
+        )
+        raise ValueError(msg)
+
+
+def gather_valid_rows(table: Any, index: Any, valid: Any) -> Any:
+    """`gather_rows`, with the rows of invalid pairs set to zero (the definition's tensor)."""
+    xp = _xp.array_namespace(table, index, valid)
+    zero = xp.zeros((), dtype=table.dtype, device=_xp.device(table))
+    return xp.where(valid[..., None], gather_rows(table, index), zero)

@@ -28,14 +28,27 @@ from ..positions import (
 from ._tables import (
     check_method,
     check_table,
+    check_value_width,
     contract_rows,
     distance_bins,
-    gather_rows,
+    gather_valid_rows,
     table_logits,
     weighted_rows,
 )
 
 __all__ = ["music_attention", "music_index", "music_logits", "music_values"]
+
+
+def _check_beyond(t_q: int, t_k: int, length: int, q_offset: int, beyond: str) -> None:
+    # Host-side: the policy name, and under "error" that no past distance
+    # falls before the table (future distances have no row and are not errors).
+    check_choice("beyond", beyond, BEYOND_POLICIES)
+    if beyond == "error":
+        span = distance_range(t_q, t_k, q_offset=q_offset)
+        high = 0 if span is None else max(span[1], 0)
+        check_distances_in_table(
+            t_q, t_k, q_offset=q_offset, low=-(length - 1), high=high, what=f"length={length}"
+        )
 
 
 def music_index(
@@ -79,13 +92,8 @@ def music_index(
            [1, 2, 2],
            [0, 1, 2]])
     """
-    check_choice("beyond", beyond, BEYOND_POLICIES)
+    _check_beyond(t_q, t_k, length, q_offset, beyond)
     if beyond == "error":
-        span = distance_range(t_q, t_k, q_offset=q_offset)
-        high = 0 if span is None else max(span[1], 0)
-        check_distances_in_table(
-            t_q, t_k, q_offset=q_offset, low=-(length - 1), high=high, what=f"length={length}"
-        )
         beyond = "clip"
     r = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=device)
     return causal_table_index(r, length, beyond=beyond)
@@ -161,8 +169,7 @@ def music_logits(
     )
     zero = xp.zeros((), dtype=q.dtype, device=dev)
     if method == "definition":
-        rows = xp.where(valid[..., None], gather_rows(table, index), zero)
-        return contract_rows(q, rows)
+        return contract_rows(q, gather_valid_rows(table, index, valid))
     if q_offset != t_k - t_q:
         msg = (
             "music's efficient path (the skew) needs end-aligned queries, "
@@ -222,10 +229,8 @@ def music_values(
         index, valid = music_index(
             t_q, t_k, length=m, q_offset=q_offset, beyond=beyond, xp=xp, device=dev
         )
-        zero = xp.zeros((), dtype=weights.dtype, device=dev)
-        rows = xp.where(valid[..., None], gather_rows(value_table, index), zero)
-        return weighted_rows(weights, rows)
-    music_index(t_q, t_k, length=m, q_offset=q_offset, beyond=beyond, xp=xp)  # validates
+        return weighted_rows(weights, gather_valid_rows(value_table, index, valid))
+    _check_beyond(t_q, t_k, m, q_offset, beyond)
     bins = distance_bins(
         weights, low=-(m - 1), high=0, q_offset=q_offset, clip=beyond == "clip", clip_future=False
     )
@@ -279,12 +284,7 @@ def music_attention(
     [1.0, 0.0, 0.0]
     """
     _xp.array_namespace(q, k, v, table, value_table)
-    if value_table is not None and value_table.shape[-1] != v.shape[-1]:
-        msg = (
-            f"`value_table` must have width d_v = {v.shape[-1]}, got shape "
-            f"{tuple(value_table.shape)}"
-        )
-        raise ValueError(msg)
+    check_value_width(value_table, v)
     position = music_logits(q, table, k.shape[-2], q_offset=q_offset, beyond=beyond, method=method)
     out, weights = attention(
         q,

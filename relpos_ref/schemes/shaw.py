@@ -31,9 +31,10 @@ from ..positions import (
 from ._tables import (
     check_method,
     check_table,
+    check_value_width,
     contract_rows,
     distance_bins,
-    gather_rows,
+    gather_valid_rows,
     table_logits,
     weighted_rows,
 )
@@ -150,13 +151,12 @@ def shaw_logits(
     index, valid = shaw_index(
         t_q, t_k, max_distance=k, q_offset=q_offset, beyond=beyond, xp=xp, device=_xp.device(q)
     )
-    zero = xp.zeros((), dtype=q.dtype, device=_xp.device(q))
     if method == "definition":
-        rows = gather_rows(key_table, index)
-        rows = xp.where(valid[..., None], rows, zero)
-        return contract_rows(q, rows)
+        return contract_rows(q, gather_valid_rows(key_table, index, valid))
     out = take_per_row(table_logits(q, key_table), index)
-    return out if beyond == "clip" else xp.where(valid, out, zero)
+    if beyond == "clip":
+        return out
+    return xp.where(valid, out, xp.zeros((), dtype=q.dtype, device=_xp.device(q)))
 
 
 def shaw_values(
@@ -210,9 +210,7 @@ def shaw_values(
             xp=xp,
             device=_xp.device(weights),
         )
-        zero = xp.zeros((), dtype=weights.dtype, device=_xp.device(weights))
-        rows = xp.where(valid[..., None], gather_rows(value_table, index), zero)
-        return weighted_rows(weights, rows)
+        return weighted_rows(weights, gather_valid_rows(value_table, index, valid))
     if beyond == "error":
         check_distances_in_table(
             t_q, t_k, q_offset=q_offset, low=-k, high=k, what=f"max_distance={k}"
@@ -275,12 +273,7 @@ def shaw_attention(
             f"{tuple(value_table.shape)} and {tuple(key_table.shape)}"
         )
         raise ValueError(msg)
-    if value_table is not None and value_table.shape[-1] != v.shape[-1]:
-        msg = (
-            f"`value_table` must have width d_v = {v.shape[-1]}, got shape "
-            f"{tuple(value_table.shape)}"
-        )
-        raise ValueError(msg)
+    check_value_width(value_table, v)
     position = shaw_logits(
         q, key_table, k.shape[-2], q_offset=q_offset, beyond=beyond, method=method
     )
