@@ -1,7 +1,8 @@
 """The ``relpos-ref`` command line (also ``python -m relpos_ref``).
 
 ``relpos-ref show ...`` prints the index conventions as aligned text tables,
-like the worked tables readers draw by hand.
+like the worked tables readers draw by hand; ``list``, ``generate``,
+``verify`` and ``check`` work with golden suites (`relpos_ref.golden`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from . import cli_golden
 
 __all__ = ["VIEWS", "format_matrix", "main"]
 
@@ -145,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         "view", choices=VIEWS, metavar="VIEW", help="what to print: " + ", ".join(VIEWS)
     )
     _grid_args(show)
+    cli_golden.add_commands(sub)
     return parser
 
 
@@ -231,11 +235,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    status = 0
     try:
         if args.command == "show":
             text = _show(args)
-    except (ValueError, TypeError) as exc:
+        else:
+            status, text = cli_golden.run(args)
+    except KeyboardInterrupt:
+        return cli_golden.report_interrupt()
+    except (ValueError, TypeError, OSError) as exc:
         print(f"relpos-ref: error: {exc}", file=sys.stderr)
         return 2
-    print(text)
-    return 0
+    if text:
+        print(text)
+    return status

@@ -1,0 +1,139 @@
+"""The golden-suite commands of ``relpos-ref``: list, generate, verify, check."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+__all__ = ["add_commands", "run"]
+
+_GENERATE_EPILOG = """\
+examples:
+  relpos-ref generate --out golden
+  relpos-ref generate --out golden-shaw --select 'shaw/*' --dtypes float32 bfloat16
+  relpos-ref generate --out golden-npz --format npz
+"""
+
+
+def add_commands(sub: Any) -> None:
+    """Add the golden-suite subcommands to an argparse subparsers object."""
+    from .golden import FLOAT_DTYPES, FORMATS, GOLDEN_BACKENDS
+
+    def selection(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--select",
+            action="append",
+            metavar="GLOB",
+            help="only cases whose id matches GLOB (repeatable), e.g. 'shaw/*/float32/*'",
+        )
+        p.add_argument(
+            "--dtypes", nargs="+", choices=FLOAT_DTYPES, metavar="DTYPE",
+            help=f"only these dtypes under test ({', '.join(FLOAT_DTYPES)})",
+        )
+
+    p = sub.add_parser("list", help="list the default golden cases",
+                       description="Print the ids of the default golden cases, one per line.")
+    selection(p)
+
+    p = sub.add_parser(
+        "generate",
+        help="write the golden suite (inputs, intermediates, outputs, tolerances)",
+        description=(
+            "Write the golden suite to a directory, atomically: one file per case and a "
+            "manifest.json with hashes and derived tolerances."
+        ),
+        epilog=_GENERATE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="suite directory to write")
+    selection(p)
+    p.add_argument("--backend", choices=GOLDEN_BACKENDS, default="numpy",
+                   help="where the float64 goldens are computed (default numpy)")
+    p.add_argument("--format", choices=FORMATS, default="safetensors", dest="fmt",
+                   help="file format of the cases (default safetensors)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a different suite (or other files) already in DIR")
+
+    p = sub.add_parser(
+        "verify",
+        help="check a suite's hashes, then recompute and compare every case",
+        description="Exit status 0 when the suite is intact, 1 when anything differs.",
+    )
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--backend", choices=GOLDEN_BACKENDS, default="numpy",
+                   help="where to recompute the goldens (default numpy)")
+
+    p = sub.add_parser(
+        "check",
+        help="compare your results with a suite",
+        description=(
+            "Compare results stored under the suite's array names, one file per case named "
+            "like the suite's (.safetensors or .npz), with the goldens and their tolerances. "
+            "Exit status 0: all match; 1: a mismatch; 2: unusable input."
+        ),
+    )
+    p.add_argument("dir", metavar="DIR", help="the golden suite")
+    p.add_argument("obtained", metavar="OBTAINED", help="directory with your results")
+    p.add_argument("--select", action="append", metavar="GLOB",
+                   help="only cases whose id matches GLOB (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--verbose", action="store_true", help="also list matching cases")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def run(args: argparse.Namespace) -> tuple[int, str]:
+    """Run a golden subcommand; returns (exit status, text for stdout)."""
+    from . import golden
+    from .golden.progress import Progress
+
+    if args.command == "list":
+        cases = golden.default_cases().select(args.select, dtypes=args.dtypes)
+        return 0, "\n".join(c.id for c in cases)
+    if args.command == "generate":
+        cases = golden.default_cases().select(args.select, dtypes=args.dtypes)
+        start = time.perf_counter()
+        result = golden.generate(
+            args.out, cases, fmt=args.fmt, backend=args.backend, force=args.force,
+            progress=Progress(len(cases), "generate"),
+        )
+        took = time.perf_counter() - start
+        if result.status == "unchanged":
+            return 0, f"{result.path} already holds this suite ({result.cases} cases); unchanged"
+        verb = "replaced" if result.status == "replaced" else "wrote"
+        return 0, (
+            f"{verb} {result.cases} cases ({_size(result.bytes)}) in {result.path} "
+            f"in {took:.1f} s; check it with `relpos-ref verify {result.path}`"
+        )
+    if args.command == "verify":
+        suite = golden.load_suite(args.dir)
+        report = golden.verify(
+            args.dir, backend=args.backend, progress=Progress(len(suite.cases), "verify")
+        )
+        if report.ok:
+            return 0, (
+                f"{report.path}: {report.cases} cases and {report.arrays} arrays verified "
+                "(hashes, inputs, recomputed goldens and tolerances)"
+            )
+        lines = [*report.problems, f"{report.path}: {len(report.problems)} problem(s) found"]
+        return 1, "\n".join(lines)
+    if args.command == "check":
+        report = golden.check(args.dir, args.obtained, select=args.select)
+        if args.json:
+            text = json.dumps(report.as_dict(), indent=1, sort_keys=True)
+        else:
+            text = "\n".join(report.lines(verbose=args.verbose))
+        return (0 if report.ok else 1), text
+    msg = f"unknown command {args.command!r}"
+    raise ValueError(msg)
+
+
+def report_interrupt() -> int:
+    """Message and exit status for Ctrl-C."""
+    print("relpos-ref: interrupted; nothing was written or changed", file=sys.stderr)
+    return 130

@@ -1,0 +1,84 @@
+"""pytest plugin (entry point ``pytest11``): run your tests over a golden suite.
+
+Options: ``--golden-dir DIR`` (a suite from ``relpos-ref generate``) and
+``--golden-select GLOB`` (repeatable; globs over case ids). A test that takes
+the ``golden_case`` fixture runs once per selected case and receives a
+`relpos_ref.golden.GoldenCase`; without ``--golden-dir`` it is skipped with
+the reason. Importing the plugin imports nothing beyond the standard library,
+so it costs nothing in projects that do not use it.
+
+Example test::
+
+    from relpos_ref.testing import assert_matches
+
+    def test_my_kernel(golden_case):
+        if golden_case.scheme != "shaw":
+            pytest.skip("only shaw is implemented")
+        out = my_kernel(**golden_case.inputs)
+        assert_matches(golden_case, {"output": out})
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+__all__ = ["golden_case", "pytest_addoption", "pytest_generate_tests"]
+
+
+def pytest_addoption(parser: Any) -> None:
+    group = parser.getgroup("relpos-ref", "relpos-ref golden fixtures")
+    group.addoption(
+        "--golden-dir",
+        default=None,
+        metavar="DIR",
+        help="golden suite directory (from `relpos-ref generate`) for the golden_case fixture",
+    )
+    group.addoption(
+        "--golden-select",
+        action="append",
+        default=None,
+        metavar="GLOB",
+        help="only golden cases whose id matches GLOB (repeatable)",
+    )
+
+
+def pytest_generate_tests(metafunc: Any) -> None:
+    if "golden_case" not in metafunc.fixturenames:
+        return
+    directory = metafunc.config.getoption("--golden-dir")
+    if directory is None:
+        metafunc.parametrize(
+            "golden_case",
+            [pytest.param(None, marks=pytest.mark.skip(reason="no --golden-dir given"))],
+            ids=["no-golden-dir"],
+            indirect=True,
+        )
+        return
+    from .golden import SuiteError, load_suite
+
+    try:
+        suite = load_suite(directory)
+        entries = suite.select(metafunc.config.getoption("--golden-select"))
+    except SuiteError as exc:
+        raise pytest.UsageError(f"--golden-dir: {exc}") from None
+    ids = [e["id"] for e in entries]
+    metafunc.parametrize("golden_case", ids, ids=ids, indirect=True)
+
+
+@pytest.fixture
+def golden_case(request: Any) -> Any:
+    """The `relpos_ref.golden.GoldenCase` this test instance runs on."""
+    from .golden import load_suite
+
+    suite = _suite(request.config, load_suite)
+    return suite.load(request.param)
+
+
+def _suite(config: Any, load_suite: Any) -> Any:
+    cached = getattr(config, "_relpos_ref_suite", None)
+    if cached is None:
+        cached = load_suite(config.getoption("--golden-dir"))
+        config._relpos_ref_suite = cached
+    return cached

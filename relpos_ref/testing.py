@@ -1,0 +1,59 @@
+"""Assertions for testing your implementation against golden cases.
+
+>>> # in a test that receives `golden_case` from the relpos-ref pytest plugin:
+>>> # out = my_attention(**golden_case.inputs)
+>>> # assert_matches(golden_case, {"output": out})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["assert_matches"]
+
+
+def assert_matches(case: Any, outputs: Mapping[str, Any]) -> None:
+    """Assert that `outputs` match golden `case` within its stored tolerances.
+
+    Parameters
+    ----------
+    case : relpos_ref.golden.GoldenCase
+        A loaded case (the ``golden_case`` fixture, or ``Suite.load``).
+    outputs : mapping
+        Arrays under the case's names (``output``, ``weights``, ``logits``,
+        ``position``, ``bias``, ``index``, ...), any subset; NumPy, torch,
+        CuPy or JAX arrays.
+
+    Raises
+    ------
+    AssertionError
+        With one line per array: the worst element, the tolerance and the
+        ratio of the error to the naive pipeline's.
+    relpos_ref.golden.ObtainedError
+        Unknown names, wrong shapes or dtypes.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from relpos_ref.golden import GoldenCase
+    >>> entry = {"id": "demo", "dtype": "float32", "arrays": {"output": {
+    ...     "role": "golden", "shape": [2], "dtype": "float64",
+    ...     "tolerance": {"atol": 1e-6, "e_max": 1e-7}}}}
+    >>> case = GoldenCase(entry, {"output": np.array([1.0, 2.0])})
+    >>> assert_matches(case, {"output": np.array([1.0, 2.0], dtype=np.float32)})
+    >>> assert_matches(case, {"output": np.array([1.0, 2.1], dtype=np.float32)})
+    Traceback (most recent call last):
+    ...
+    AssertionError: golden case demo does not match:
+      output: MISMATCH 1/2, max |err| 0.1 at [1] (obtained 2.0999999, golden 2), atol 1e-06, 1e+06x the naive error
+    """  # noqa: E501
+    if not outputs:
+        msg = "`outputs` is empty; pass at least one array, e.g. {'output': out}"
+        raise ValueError(msg)
+    results = case.compare(outputs)
+    bad = [r for r in results if not r.passed]
+    if bad:
+        lines = "\n".join(f"  {r.summary()}" for r in bad)
+        msg = f"golden case {case.id} does not match:\n{lines}"
+        raise AssertionError(msg)

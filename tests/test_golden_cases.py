@@ -1,0 +1,243 @@
+"""Golden cases: ids, the registry, inputs, goldens against the loop references, tolerances."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import _reference as ref
+from relpos_ref import golden
+from relpos_ref.golden.dtypes import numpy_dtype, ulp
+from relpos_ref.golden.pipeline import golden_arrays, naive_arrays
+from relpos_ref.golden.tolerance import derive_tolerance
+
+DEFAULT = golden.default_cases()
+FLOAT64 = [c for c in DEFAULT if c.dtype == "float64"]
+
+
+def test_case_id_has_every_part():
+    case = golden.Case.make("shaw", "clip", b=2, h=4, t_q=17, t_k=33, d=16, K=4)
+    assert case.id == "shaw/clip/b2-h4-q17-k33-d16-K4/float32/s0"
+    assert case.file_stem == "shaw__clip__b2-h4-q17-k33-d16-K4__float32__s0"
+    other = golden.Case.make("shaw", "clip", b=2, h=4, t_q=17, t_k=33, d=16, K=4,
+                             dtype="bfloat16", seed=3)
+    assert other.id == "shaw/clip/b2-h4-q17-k33-d16-K4/bfloat16/s3"
+
+
+def test_registry_refuses_duplicate_ids():
+    case = golden.Case.make("bias", "clip", t_q=3, t_k=3, K=1)
+    # same id, different parameters that the id does not show: still refused
+    twin = golden.Case.make("bias", "clip", t_q=3, t_k=3, K=1, causal=True)
+    with pytest.raises(ValueError, match="duplicate case id 'bias/clip/"):
+        golden.CaseRegistry([case, twin])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"scheme": "t6"}, "unknown scheme 't6'; known schemes: absolute"),
+        ({"variant": "Clip"}, "`variant` must be lower-case"),
+        ({"dtype": "float8"}, "`dtype` must be one of float64"),
+        ({"seed": -1}, "`seed` must be an integer >= 0, got -1"),
+        ({"K_max": 3}, "unknown parameter\\(s\\) K_max for scheme 'shaw'"),
+        ({"t_q": 0}, "`t_q` must be an integer >= 1, got 0"),
+        ({"K": 2.5}, "`K` must be an integer >= 1, got 2.5"),
+    ],
+)
+def test_bad_case_parameters_are_named(kwargs, match):
+    args = {"scheme": "shaw", "variant": "clip", **kwargs}
+    scheme, variant = args.pop("scheme"), args.pop("variant")
+    with pytest.raises(ValueError, match=match):
+        golden.Case.make(scheme, variant, **args)
+
+
+def test_select_by_glob_and_dtype():
+    picked = DEFAULT.select(["music/*"], dtypes=["bfloat16"])
+    assert picked and all(c.scheme == "music" and c.dtype == "bfloat16" for c in picked)
+    with pytest.raises(ValueError, match="--select 'nope/\\*' matches no case"):
+        DEFAULT.select(["nope/*"])
+    with pytest.raises(ValueError, match="`dtypes` entries must be among"):
+        DEFAULT.select(dtypes=["float8"])
+
+
+def test_default_suite_covers_every_scheme_and_edge_case():
+    cases = list(DEFAULT)
+    assert {c.scheme for c in cases} == set(golden.SCHEMES)
+    assert {c.dtype for c in cases} == set(golden.FLOAT_DTYPES)
+    p = [c.parameters for c in cases]
+    assert any(x["t_q"] != x["t_k"] for x in p)
+    assert any(x["t_q"] == x["t_k"] == 1 for x in p)
+    assert {x.get("beyond") for x in p} >= {"clip", "zero", "error"}
+    assert any(x["q_offset"] == x["t_k"] - x["t_q"] > 0 for x in p)  # end-aligned decoding
+    assert any(x["masked"] for x in p)
+    assert any(x["per_head"] for x in p) and any(not x["per_head"] for x in p)
+    assert any(x["causal"] for x in p) and any(not x["causal"] for x in p)
+    assert any(x.get("height", 0) != x.get("width", 0) for x in p if "height" in x)
+    assert any(x["h"] & (x["h"] - 1) for x in p)  # a head count that is not a power of two
+    # "error" cases sit exactly at the table's edge
+    edge = next(c for c in cases if c.parameters.get("beyond") == "error").parameters
+    assert max(edge["t_q"] - 1 + edge["q_offset"], edge["t_k"] - 1 - edge["q_offset"]) == edge["K"]
+
+
+def test_masked_cases_have_fully_masked_rows():
+    case = next(c for c in DEFAULT if c.parameters["masked"])
+    mask = case.inputs()["mask"]
+    assert mask.dtype == np.bool_ and not mask[0].any() and mask.any()
+
+
+def test_inputs_are_pinned_bytes():
+    """PCG64 and the rounding are the same on every machine: these hashes never change."""
+    case = golden.Case.make("shaw", "clip", b=2, h=4, t_q=17, t_k=33, d=16, K=4)
+    inputs = case.inputs()
+    assert list(inputs) == ["q", "k", "v", "key_table", "value_table"]
+    first = np.random.Generator(np.random.PCG64(0)).standard_normal(3)
+    assert np.array_equal(inputs["q"].reshape(-1)[:3], first.astype(np.float32))
+    digest = hashlib.sha256(inputs["q"].tobytes()).hexdigest()
+    assert digest == PINNED_Q_SHA256
+
+
+PINNED_Q_SHA256 = "fb5039d69211869f3162c5248fbc1617032ed6b94c26625d2bcf891dd549ce54"
+
+
+@pytest.mark.parametrize("dtype", golden.FLOAT_DTYPES)
+def test_inputs_are_rounded_from_one_draw(dtype):
+    case = golden.Case.make("bias", "clip", t_q=4, t_k=5, K=2, dtype=dtype)
+    wide = golden.Case.make("bias", "clip", t_q=4, t_k=5, K=2, dtype="float64").inputs()
+    for name, a in case.inputs().items():
+        assert a.dtype == numpy_dtype(dtype)
+        assert np.array_equal(a, wide[name].astype(numpy_dtype(dtype)))
+
+
+def _reference_terms(case, x):
+    p = case.parameters
+    s, off = case.scheme, p["q_offset"]
+    if s == "absolute":
+        return {"key_row": ref.absolute_row(x["table"])}
+    if s == "shaw":
+        out = {"key_row": ref.shaw_row(x["key_table"], p["K"], p["beyond"], off)}
+        if "value_table" in x:
+            out["value_row"] = ref.shaw_row(x["value_table"], p["K"], p["beyond"], off)
+        return out
+    if s == "bias":
+        return {"bias_value": ref.bias_value(x["table"], p["K"], p["beyond"], off)}
+    if s == "music":
+        out = {"key_row": ref.music_row(x["table"], p["beyond"], off)}
+        if "value_table" in x:
+            out["value_row"] = ref.music_row(x["value_table"], p["beyond"], off)
+        return out
+    if s == "general":
+        return {"key_row": ref.general_row(x["table"], off, p["order"])}
+    if s == "grid2d":
+        return {"key_row": ref.grid2d_row(x["row_table"], x["col_table"], p["height"],
+                                          p["width"])}
+    raise AssertionError(s)
+
+
+@pytest.mark.parametrize("case", FLOAT64, ids=lambda c: c.id)
+def test_goldens_equal_the_loop_reference(case):
+    inputs = case.inputs()
+    got = golden_arrays(case, inputs)
+    p = case.parameters
+    x = {n: a.astype(np.float64) if a.dtype != np.bool_ else a for n, a in inputs.items()}
+    out, weights, position = ref.relative_attention(
+        x["q"], x["k"], x["v"], scale=p["scale"], mask=x.get("mask"), causal=p["causal"],
+        q_offset=p["q_offset"], **_reference_terms(case, x),
+    )
+    np.testing.assert_allclose(got["output"], out, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got["weights"], weights, rtol=0, atol=1e-12)
+    if "position" in got:
+        np.testing.assert_allclose(got["position"], position, rtol=0, atol=1e-12)
+    if "distance" in got:
+        assert np.array_equal(got["distance"], ref.relative_positions(p["t_q"], p["t_k"],
+                                                                      p["q_offset"]))
+
+
+@pytest.mark.parametrize("case", FLOAT64, ids=lambda c: c.id)
+def test_goldens_equal_the_public_attention_functions(case):
+    inputs = case.inputs()
+    got = golden_arrays(case, inputs)
+    for method in ("definition", "efficient") if case.spec.has_efficient(case.parameters) else (
+        "definition",
+    ):
+        out, weights = case.spec.attention(inputs, case.parameters, method)
+        np.testing.assert_allclose(got["output"], out, rtol=0, atol=1e-13)
+        np.testing.assert_allclose(got["weights"], weights, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("case", list(DEFAULT), ids=lambda c: c.id)
+def test_naive_pipeline_is_within_its_own_tolerance_and_tolerances_are_tight(case):
+    inputs = case.inputs()
+    goldens = golden_arrays(case, inputs)
+    naive = naive_arrays(case, inputs)
+    assert naive.keys() <= goldens.keys() and "output" in naive
+    for name, n in naive.items():
+        tol = derive_tolerance(goldens[name], n, case.dtype)
+        assert np.all(np.abs(n - goldens[name]) <= tol["atol"])
+        eps = float(np.finfo(np.float32).eps) if case.dtype != "bfloat16" else 2.0**-7
+        if case.dtype == "float16":
+            eps = 2.0**-10
+        if case.dtype == "float64":
+            eps = 2.0**-52
+        # a tolerance is a few hundred ulps of the data at most, never a guess like 1e-2
+        assert tol["atol"] <= 2000 * eps * max(1.0, tol["max_abs_golden"]), (name, tol)
+
+
+@pytest.mark.parametrize("name", ["torch", "jax", "cupy"])
+def test_goldens_agree_across_backends(name):
+    from relpos_ref import backends
+
+    adapter = backends.get(name)
+    reason = adapter.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    from relpos_ref.golden.suite import _backend, _goldens
+
+    be = _backend(name)
+    for case in FLOAT64:
+        inputs = case.inputs()
+        want = golden_arrays(case, inputs)
+        got = _goldens(case, inputs, be)
+        assert got.keys() == want.keys()
+        for key, a in want.items():
+            if a.dtype.kind in "bi":
+                assert np.array_equal(got[key], a), (case.id, key)
+                continue
+            top = float(np.abs(a).max()) if a.size else 0.0
+            limit = 64 * ulp(top, "float64")
+            assert np.max(np.abs(got[key] - a), initial=0.0) <= limit, (case.id, key)
+
+
+def test_derive_tolerance_follows_the_rule():
+    g = np.array([0.5, -3.0, 2.0])
+    n = g + np.array([1e-7, -4e-7, 0.0])
+    tol = derive_tolerance(g, n, "float32")
+    assert tol["k"] == 10.0 and tol["rtol"] == 0.0
+    assert tol["e_max"] == pytest.approx(4e-7) and tol["e_mean"] == pytest.approx(5e-7 / 3)
+    assert tol["atol"] == pytest.approx(4e-6)
+    assert tol["ulp_floor"] == 2 * 2.0**-22  # max|g| = 3 lies in [2, 4)
+    exact = derive_tolerance(g, g.copy(), "bfloat16")
+    assert exact["k"] == 2.0 and exact["atol"] == exact["ulp_floor"] == 2 * 2.0**-6
+
+
+@given(
+    st.floats(min_value=-1e30, max_value=1e30, allow_nan=False),
+    st.sampled_from(["float64", "float32", "float16"]),
+)
+def test_ulp_matches_numpy_spacing(x, dtype):
+    t = np.dtype(dtype)
+    with np.errstate(over="ignore"):
+        y = t.type(x)
+    if not abs(y) < np.finfo(t).max:  # the spacing at the largest finite value is inf
+        return
+    assert ulp(float(y), dtype) == float(np.spacing(np.abs(y)))
+
+
+def test_ulp_of_bfloat16():
+    import ml_dtypes
+
+    assert ulp(1.0, "bfloat16") == 2.0**-7
+    assert ulp(0.0, "bfloat16") == float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_subnormal)
