@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["golden_case", "pytest_addoption", "pytest_generate_tests"]
+__all__ = ["golden_case", "pytest_addoption", "pytest_configure", "pytest_generate_tests"]
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -44,6 +44,21 @@ def pytest_addoption(parser: Any) -> None:
     )
 
 
+def pytest_configure(config: Any) -> None:
+    """Open the suite named by ``--golden-dir`` up front, so a bad one is a usage error."""
+    directory = config.getoption("--golden-dir")
+    if directory is None:
+        return
+    from .golden import SuiteError, load_suite
+
+    try:
+        suite = load_suite(directory)
+        config._relpos_ref_entries = suite.select(config.getoption("--golden-select"))
+    except SuiteError as exc:
+        raise pytest.UsageError(f"--golden-dir: {exc}") from None
+    config._relpos_ref_suite = suite
+
+
 def pytest_generate_tests(metafunc: Any) -> None:
     if "golden_case" not in metafunc.fixturenames:
         return
@@ -56,29 +71,11 @@ def pytest_generate_tests(metafunc: Any) -> None:
             indirect=True,
         )
         return
-    from .golden import SuiteError, load_suite
-
-    try:
-        suite = load_suite(directory)
-        entries = suite.select(metafunc.config.getoption("--golden-select"))
-    except SuiteError as exc:
-        raise pytest.UsageError(f"--golden-dir: {exc}") from None
-    ids = [e["id"] for e in entries]
+    ids = [e["id"] for e in metafunc.config._relpos_ref_entries]
     metafunc.parametrize("golden_case", ids, ids=ids, indirect=True)
 
 
 @pytest.fixture
 def golden_case(request: Any) -> Any:
     """The `relpos_ref.golden.GoldenCase` this test instance runs on."""
-    from .golden import load_suite
-
-    suite = _suite(request.config, load_suite)
-    return suite.load(request.param)
-
-
-def _suite(config: Any, load_suite: Any) -> Any:
-    cached = getattr(config, "_relpos_ref_suite", None)
-    if cached is None:
-        cached = load_suite(config.getoption("--golden-dir"))
-        config._relpos_ref_suite = cached
-    return cached
+    return request.config._relpos_ref_suite.load(request.param)

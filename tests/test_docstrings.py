@@ -24,6 +24,12 @@ MODULES = [
     "relpos_ref.schemes.grid2d",
     "relpos_ref.schemes.music",
     "relpos_ref.schemes.shaw",
+    "relpos_ref.golden",
+    "relpos_ref.golden.cases",
+    "relpos_ref.golden.dtypes",
+    "relpos_ref.golden.fileformat",
+    "relpos_ref.golden.tolerance",
+    "relpos_ref.testing",
 ]
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 
+import _reference as ref
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import _reference as ref
 from relpos_ref import golden
 from relpos_ref.golden.dtypes import numpy_dtype, ulp
 from relpos_ref.golden.pipeline import golden_arrays, naive_arrays
