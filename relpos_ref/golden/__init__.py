@@ -1,0 +1,63 @@
+"""Golden fixtures: cases, generation, the file format, tolerances, verify and check.
+
+This package sits on top of the core (the core never imports it). Typical use
+is the command line (``relpos-ref generate / verify / check / list``); the
+same steps are available here:
+
+>>> from relpos_ref import golden
+>>> cases = golden.default_cases().select(["shaw/clip/*"], dtypes=["float32"])
+>>> [c.id for c in cases]
+['shaw/clip/b2-h4-q17-k33-d16-K4/float32/s0']
+"""
+
+from __future__ import annotations
+
+from .cases import Case, CaseRegistry, default_cases
+from .compare import ArrayResult, ObtainedError
+from .dtypes import FLOAT_DTYPES
+from .fileformat import FORMATS, CorruptFileError
+from .manifest import FORMAT_VERSION, ManifestError, schema_path
+from .schemes import SCHEMES, SchemeSpec
+from .suite import (
+    GOLDEN_BACKENDS,
+    CheckReport,
+    GenerateResult,
+    GoldenCase,
+    Suite,
+    SuiteError,
+    VerifyReport,
+    check,
+    generate,
+    load_suite,
+    verify,
+)
+from .tolerance import RULE, derive_tolerance
+
+__all__ = [
+    "FLOAT_DTYPES",
+    "FORMATS",
+    "FORMAT_VERSION",
+    "GOLDEN_BACKENDS",
+    "RULE",
+    "SCHEMES",
+    "ArrayResult",
+    "Case",
+    "CaseRegistry",
+    "CheckReport",
+    "CorruptFileError",
+    "GenerateResult",
+    "GoldenCase",
+    "ManifestError",
+    "ObtainedError",
+    "SchemeSpec",
+    "Suite",
+    "SuiteError",
+    "VerifyReport",
+    "check",
+    "default_cases",
+    "derive_tolerance",
+    "generate",
+    "load_suite",
+    "schema_path",
+    "verify",
+]

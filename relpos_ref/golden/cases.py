@@ -1,0 +1,276 @@
+"""Golden cases: a scheme, its parameters, a dtype and a seed, with a stable id.
+
+A case id reads ``scheme/variant/shape/dtype/seed``, for example
+``shaw/clip/b2-h4-q17-k33-d16-K4/float32/s0``: batch 2, 4 heads, 17 queries,
+33 keys, width 16, ``K = 4``, inputs in float32, seed 0.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .dtypes import FLOAT_DTYPES, numpy_dtype
+from .schemes import COMMON_DEFAULTS, SCHEMES, SchemeSpec
+
+__all__ = ["Case", "CaseRegistry", "default_cases"]
+
+_VARIANT = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+_POSITIVE = ("b", "h", "t_q", "t_k", "d", "K", "M", "t_max", "height", "width")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One golden case. Build it with `Case.make`, which validates and fills defaults.
+
+    Attributes
+    ----------
+    scheme : str
+        A name in `relpos_ref.golden.schemes.SCHEMES`.
+    variant : str
+        Lower-case words joined by ``-`` naming what the case exercises.
+    params : tuple of (name, value)
+        Every parameter, defaults included, sorted by name.
+    dtype : str
+        The dtype under test: the inputs are stored in it.
+    seed : int
+        Seed of NumPy's PCG64 generator for the inputs.
+    """
+
+    scheme: str
+    variant: str
+    params: tuple[tuple[str, Any], ...]
+    dtype: str
+    seed: int
+
+    @classmethod
+    def make(
+        cls, scheme: str, variant: str, *, dtype: str = "float32", seed: int = 0, **params: Any
+    ) -> Case:
+        """Validate and complete a case.
+
+        Examples
+        --------
+        >>> Case.make("shaw", "clip", b=2, h=4, t_q=17, t_k=33, d=16, K=4).id
+        'shaw/clip/b2-h4-q17-k33-d16-K4/float32/s0'
+        """
+        if scheme not in SCHEMES:
+            msg = f"unknown scheme {scheme!r}; known schemes: {', '.join(sorted(SCHEMES))}"
+            raise ValueError(msg)
+        if not isinstance(variant, str) or not _VARIANT.match(variant):
+            msg = f"`variant` must be lower-case words joined by '-', got {variant!r}"
+            raise ValueError(msg)
+        if dtype not in FLOAT_DTYPES:
+            msg = f"`dtype` must be one of {', '.join(FLOAT_DTYPES)}, got {dtype!r}"
+            raise ValueError(msg)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            msg = f"`seed` must be an integer >= 0, got {seed!r}"
+            raise ValueError(msg)
+        spec = SCHEMES[scheme]
+        full = {**COMMON_DEFAULTS, **spec.defaults}
+        unknown = sorted(set(params) - set(full))
+        if unknown:
+            msg = (
+                f"unknown parameter(s) {', '.join(unknown)} for scheme {scheme!r}; "
+                f"known: {', '.join(sorted(full))}"
+            )
+            raise ValueError(msg)
+        full.update(params)
+        full.update(spec.derive(full))
+        for name in _POSITIVE:
+            value = full.get(name)
+            if name in full and value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                msg = f"`{name}` must be an integer >= 1, got {value!r}"
+                raise ValueError(msg)
+        return cls(scheme, variant, tuple(sorted(full.items())), dtype, seed)
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The parameters as a dict."""
+        return dict(self.params)
+
+    @property
+    def spec(self) -> SchemeSpec:
+        """The scheme's `SchemeSpec`."""
+        return SCHEMES[self.scheme]
+
+    @property
+    def id(self) -> str:
+        """``scheme/variant/shape/dtype/seed``."""
+        p = self.parameters
+        shape = f"b{p['b']}-h{p['h']}-q{p['t_q']}-k{p['t_k']}-d{p['d']}-{self.spec.label(p)}"
+        return f"{self.scheme}/{self.variant}/{shape}/{self.dtype}/s{self.seed}"
+
+    @property
+    def file_stem(self) -> str:
+        """File name of the case without suffix: the id with ``/`` as ``__``."""
+        return self.id.replace("/", "__")
+
+    def input_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shapes of the float inputs, in the order they are drawn."""
+        p = self.parameters
+        lead = (p["b"], p["h"])
+        return {
+            "q": (*lead, p["t_q"], p["d"]),
+            "k": (*lead, p["t_k"], p["d"]),
+            "v": (*lead, p["t_k"], p["d"]),
+            **self.spec.tables(p),
+        }
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        """The case's inputs, bit-exact in its dtype (the mask, if any, is bool).
+
+        Float inputs are standard normal float64 draws from
+        ``numpy.random.Generator(PCG64(seed))`` in the order of
+        `input_shapes`, rounded to the dtype under test. With
+        ``masked=True`` a ``(t_q, t_k)`` mask follows: each entry ``True``
+        with probability 3/4 (a uniform draw below 0.75), then query row 0,
+        and row ``t_q // 2`` when ``t_q > 2``, set all ``False``.
+        """
+        rng = np.random.Generator(np.random.PCG64(self.seed))
+        dtype = numpy_dtype(self.dtype)
+        out = {
+            name: rng.standard_normal(shape).astype(dtype)
+            for name, shape in self.input_shapes().items()
+        }
+        p = self.parameters
+        if p["masked"]:
+            mask = rng.random((p["t_q"], p["t_k"])) < 0.75
+            mask[0] = False
+            if p["t_q"] > 2:
+                mask[p["t_q"] // 2] = False
+            out["mask"] = mask
+        return out
+
+
+class CaseRegistry:
+    """An ordered set of cases with unique ids.
+
+    Examples
+    --------
+    >>> reg = CaseRegistry([Case.make("bias", "clip", t_q=3, t_k=3, K=1)])
+    >>> reg.add(Case.make("bias", "clip", t_q=3, t_k=3, K=1))
+    Traceback (most recent call last):
+    ...
+    ValueError: duplicate case id 'bias/clip/b1-h1-q3-k3-d8-K1/float32/s0'
+    """
+
+    def __init__(self, cases: Iterable[Case] = ()) -> None:
+        self._cases: dict[str, Case] = {}
+        for case in cases:
+            self.add(case)
+
+    def add(self, case: Case) -> None:
+        """Register `case`; a second case with the same id is refused."""
+        if case.id in self._cases:
+            msg = f"duplicate case id {case.id!r}"
+            raise ValueError(msg)
+        self._cases[case.id] = case
+
+    def __iter__(self) -> Iterator[Case]:
+        return iter(self._cases.values())
+
+    def __len__(self) -> int:
+        return len(self._cases)
+
+    def __getitem__(self, case_id: str) -> Case:
+        return self._cases[case_id]
+
+    def select(
+        self, patterns: Sequence[str] | None = None, *, dtypes: Sequence[str] | None = None
+    ) -> list[Case]:
+        """Cases whose id matches any glob in `patterns` and whose dtype is in `dtypes`.
+
+        Raises
+        ------
+        ValueError
+            If a pattern or a dtype selects nothing.
+        """
+        cases = list(self)
+        if dtypes:
+            for dt in dtypes:
+                if dt not in FLOAT_DTYPES:
+                    msg = f"`dtypes` entries must be among {', '.join(FLOAT_DTYPES)}, got {dt!r}"
+                    raise ValueError(msg)
+            cases = [c for c in cases if c.dtype in dtypes]
+        if patterns:
+            for pattern in patterns:
+                if not any(fnmatch.fnmatchcase(c.id, pattern) for c in cases):
+                    msg = (
+                        f"--select {pattern!r} matches no case; "
+                        "`relpos-ref list` shows the case ids"
+                    )
+                    raise ValueError(msg)
+            cases = [c for c in cases if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
+        if not cases:
+            msg = "the selection contains no case"
+            raise ValueError(msg)
+        return cases
+
+
+def _base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
+    """(scheme, variant, parameters) of the default suite, one dtype each."""
+    return [
+        # absolute: a key-position row per key
+        ("absolute", "plain", {"b": 2, "h": 3, "t_q": 9, "t_k": 9, "d": 16}),
+        ("absolute", "cross-causal", {"h": 2, "t_q": 5, "t_k": 12, "d": 8, "rows": 16,
+                                      "causal": True, "q_offset": 7, "per_head": True}),
+        # shaw: clipped two-sided tables, keys and values
+        ("shaw", "clip", {"b": 2, "h": 4, "t_q": 17, "t_k": 33, "d": 16, "K": 4}),
+        ("shaw", "zero", {"b": 2, "h": 4, "t_q": 17, "t_k": 33, "d": 16, "K": 4,
+                          "beyond": "zero"}),
+        ("shaw", "error-edge", {"h": 2, "t_q": 9, "t_k": 9, "d": 8, "K": 8, "beyond": "error"}),
+        ("shaw", "per-head-causal-end", {"h": 3, "t_q": 5, "t_k": 12, "d": 8, "K": 3,
+                                         "per_head": True, "causal": True, "q_offset": 7}),
+        ("shaw", "masked", {"h": 2, "t_q": 8, "t_k": 8, "d": 8, "K": 2, "masked": True}),
+        ("shaw", "length-1", {"t_q": 1, "t_k": 1, "d": 4, "K": 2}),
+        ("shaw", "keys-only", {"h": 2, "t_q": 6, "t_k": 6, "d": 8, "K": 2, "values": False}),
+        # bias: learned scalar per distance, added after scaling
+        ("bias", "clip", {"h": 3, "t_q": 7, "t_k": 11, "d": 8, "K": 3, "per_head": True}),
+        ("bias", "zero-causal", {"h": 3, "t_q": 11, "t_k": 11, "d": 8, "K": 3, "beyond": "zero",
+                                 "causal": True, "per_head": True}),
+        ("bias", "decode-step", {"h": 2, "t_q": 1, "t_k": 16, "d": 8, "K": 4, "causal": True,
+                                 "q_offset": 15, "scale": 1.0}),
+        # music: one-sided causal table through the skew
+        ("music", "skew", {"h": 2, "t_q": 16, "t_k": 16, "d": 8, "M": 16, "values": True}),
+        ("music", "clip-end-aligned", {"h": 3, "t_q": 5, "t_k": 20, "d": 8, "M": 8,
+                                       "q_offset": 15, "per_head": True}),
+        ("music", "zero", {"h": 2, "t_q": 12, "t_k": 12, "d": 8, "M": 6, "beyond": "zero",
+                           "masked": True}),
+        ("music", "start-aligned", {"t_q": 6, "t_k": 10, "d": 8, "M": 10}),
+        # general: any t_q, t_k through stacked diagonals
+        ("general", "full", {"h": 2, "t_q": 12, "t_k": 12, "d": 8, "t_max": 12}),
+        ("general", "cross-future-to-past", {"h": 3, "t_q": 7, "t_k": 13, "d": 8, "t_max": 13,
+                                             "q_offset": 3, "order": "future_to_past",
+                                             "per_head": True}),
+        ("general", "causal-end", {"h": 2, "t_q": 4, "t_k": 10, "d": 8, "t_max": 10,
+                                   "q_offset": 6, "causal": True}),
+        # grid2d: row and column tables on a row-major grid
+        ("grid2d", "non-square", {"b": 2, "h": 2, "d": 8, "height": 3, "width": 5}),
+        ("grid2d", "per-head-masked", {"h": 3, "d": 8, "height": 4, "width": 4,
+                                       "per_head": True, "masked": True}),
+        ("grid2d", "one-token", {"d": 4, "height": 1, "width": 1}),
+    ]
+
+
+def default_cases() -> CaseRegistry:
+    """The default suite: every scheme and its edge cases, in every float dtype.
+
+    Examples
+    --------
+    >>> reg = default_cases()
+    >>> sorted({c.scheme for c in reg})
+    ['absolute', 'bias', 'general', 'grid2d', 'music', 'shaw']
+    """
+    return CaseRegistry(
+        Case.make(scheme, variant, dtype=dtype, **params)
+        for scheme, variant, params in _base_cases()
+        for dtype in FLOAT_DTYPES
+    )

@@ -1,0 +1,130 @@
+"""The suite's ``manifest.json``: what each case holds, its hashes and tolerances.
+
+The manifest is written as canonical JSON (sorted keys, one-space indent) and
+carries a ``digest``: the SHA-256 of the compact canonical JSON of every
+other field, so an edit by hand is detected by `relpos_ref.golden.verify`.
+Its JSON Schema ships with the package (`schema_path`) and is copied into
+every suite as ``manifest.schema.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "SCHEMA",
+    "ManifestError",
+    "check_structure",
+    "content_digest",
+    "parse",
+    "render",
+    "schema_path",
+]
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SCHEMA = "manifest.schema.json"
+ROLES = ("input", "index", "golden")
+
+
+class ManifestError(ValueError):
+    """A manifest that is missing, malformed, or edited after generation."""
+
+
+def schema_path() -> Path:
+    """Path of the published JSON Schema of ``manifest.json``."""
+    return Path(__file__).with_name(SCHEMA)
+
+
+def content_digest(manifest: Mapping[str, Any]) -> str:
+    """SHA-256 of the compact canonical JSON of `manifest` without its ``digest``."""
+    body = {k: v for k, v in manifest.items() if k != "digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def render(manifest: Mapping[str, Any]) -> bytes:
+    """The bytes of ``manifest.json``: canonical JSON with the digest filled in."""
+    full = {**manifest, "digest": content_digest(manifest)}
+    return (json.dumps(full, sort_keys=True, indent=1, allow_nan=False) + "\n").encode()
+
+
+def parse(data: bytes, *, where: str = MANIFEST) -> dict[str, Any]:
+    """Parse and check a manifest: JSON, structure, digest and canonical bytes.
+
+    Raises
+    ------
+    ManifestError
+        With the first problem found.
+    """
+    try:
+        manifest = json.loads(data.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        msg = f"{where} is not valid JSON ({exc}); regenerate the suite"
+        raise ManifestError(msg) from None
+    check_structure(manifest, where=where)
+    if manifest["digest"] != content_digest(manifest):
+        msg = f"{where} was edited after generation (its digest does not match its content)"
+        raise ManifestError(msg)
+    if render(manifest) != data:
+        msg = f"{where} was edited after generation (it is not in canonical form)"
+        raise ManifestError(msg)
+    return manifest
+
+
+def _need(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(obj, dict) or key not in obj:
+        msg = f"{where}: missing field {key!r}"
+        raise ManifestError(msg)
+    value = obj[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        msg = f"{where}: field {key!r} has the wrong type ({type(value).__name__})"
+        raise ManifestError(msg)
+    return value
+
+
+def check_structure(manifest: Any, *, where: str = MANIFEST) -> None:
+    """Check the fields `relpos_ref` relies on (the JSON Schema says the same, in full)."""
+    if not isinstance(manifest, dict):
+        msg = f"{where}: expected a JSON object"
+        raise ManifestError(msg)
+    version = _need(manifest, "format_version", int, where)
+    if version != FORMAT_VERSION:
+        msg = (
+            f"{where}: format_version {version} is not supported by this relpos-ref "
+            f"(it reads version {FORMAT_VERSION})"
+        )
+        raise ManifestError(msg)
+    for key, kind in (("digest", str), ("format", str), ("generator", dict), ("cases", list)):
+        _need(manifest, key, kind, where)
+    for n, case in enumerate(manifest["cases"]):
+        at = f"{where}: cases[{n}]"
+        for key, kind in (
+            ("id", str),
+            ("scheme", str),
+            ("variant", str),
+            ("params", dict),
+            ("dtype", str),
+            ("seed", int),
+            ("file", str),
+            ("file_sha256", str),
+            ("arrays", dict),
+        ):
+            _need(case, key, kind, at)
+        for name, entry in case["arrays"].items():
+            a_at = f"{at} array {name!r}"
+            for key, kind in (("role", str), ("dtype", str), ("shape", list), ("sha256", str)):
+                _need(entry, key, kind, a_at)
+            if entry["role"] not in ROLES:
+                msg = f"{a_at}: unknown role {entry['role']!r}"
+                raise ManifestError(msg)
+            if entry["role"] == "golden":
+                tol = _need(entry, "tolerance", dict, a_at)
+                for key in ("atol", "rtol", "k", "e_max", "e_mean", "max_abs_golden", "ulp_floor"):
+                    _need(tol, key, (int, float), f"{a_at} tolerance")

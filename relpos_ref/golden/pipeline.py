@@ -1,0 +1,178 @@
+"""Computing a case: the float64 goldens and the naive pipeline behind the tolerances.
+
+Both run the same stages, built from the library's public functions:
+
+1. the scheme's integer intermediates (``distance``, ``index``, ``valid``, ...)
+   and its ``position`` term (scaled with ``q . k``) and/or ``bias`` term
+   (added after scaling);
+2. ``logits = scale * (q k^T + position) + bias``, before masking;
+3. ``weights = masked_softmax(logits)`` under the mask and causality;
+4. ``output = weights v`` plus the scheme's relative-value term, if any.
+
+**Goldens** run these stages in float64 on the inputs as stored (rounded to
+the dtype under test), with ``method="definition"``.
+
+**The naive pipeline** is what a straightforward implementation in the dtype
+under test computes: NumPy, ``method="efficient"`` where the scheme has one,
+the products ``q k^T`` and ``w v`` as elementwise products summed over the
+contracted axis (the textbook order, not a BLAS kernel's), and the result of
+every stage stored in the dtype under test. For float32 and
+float64 all arithmetic is in that dtype; for float16 and bfloat16 it is
+float32 arithmetic with every stage's result rounded to 16 bits (the mixed
+precision 16-bit kernels use). Its error against the goldens sets the
+tolerances (`relpos_ref.golden.tolerance`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..attention import allowed_keys, compose_logits, default_scale, masked_softmax
+from .cases import Case
+from .dtypes import SIXTEEN_BIT, numpy_dtype
+
+__all__ = ["FLOAT_STAGES", "evaluate", "golden_arrays", "naive_arrays"]
+
+#: The float intermediates and results, in pipeline order.
+FLOAT_STAGES = ("position", "bias", "logits", "weights", "output")
+
+
+def evaluate(
+    case: Case,
+    xp: Any,
+    arrays: Mapping[str, Any],
+    *,
+    method: str,
+    store: Callable[[Any], Any] = lambda x: x,
+    matmul: Callable[[Any, Any], Any] | None = None,
+) -> dict[str, Any]:
+    """Run the stages of `case` on arrays of namespace `xp`.
+
+    Parameters
+    ----------
+    case : Case
+    xp : namespace
+        Namespace of `arrays`.
+    arrays : mapping
+        The case's inputs (``q``, ``k``, ``v``, tables, optional ``mask``).
+    method : {"efficient", "definition"}
+        Passed to the scheme's functions that take it.
+    store : callable, optional
+        Applied to every float stage's result (rounding to a storage dtype).
+    matmul : callable, optional
+        ``(a, b) -> a @ b`` for ``q k^T`` and ``w v``; default ``xp.matmul``.
+
+    Returns
+    -------
+    dict
+        Integer intermediates, then `FLOAT_STAGES` that the scheme has.
+    """
+    p = case.parameters
+    spec = case.spec
+    out = dict(spec.terms(xp, arrays, p, method))
+    for name in ("position", "bias"):
+        if out.get(name) is not None:
+            out[name] = store(out[name])
+    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+    matmul = xp.matmul if matmul is None else matmul
+    content = matmul(q, xp.matrix_transpose(k))
+    scale = default_scale(p["d"], p["scale"])
+    out["logits"] = store(
+        compose_logits(content, scale=scale, position=out.get("position"), bias=out.get("bias"))
+    )
+    allowed = allowed_keys(
+        p["t_q"],
+        p["t_k"],
+        mask=arrays.get("mask"),
+        causal=p["causal"],
+        q_offset=p["q_offset"],
+        xp=xp,
+        device=_device(q),
+    )
+    out["weights"] = store(masked_softmax(out["logits"], allowed=allowed))
+    output = matmul(out["weights"], v)
+    if spec.values is not None:
+        extra = spec.values(out["weights"], arrays, p, method)
+        if extra is not None:
+            output = output + extra
+    out["output"] = store(output)
+    return out
+
+
+def _device(x: Any) -> Any:
+    from .._xp import device
+
+    return device(x)
+
+
+def golden_arrays(
+    case: Case,
+    inputs: Mapping[str, np.ndarray],
+    *,
+    namespace: Any = None,
+    from_numpy: Callable[[np.ndarray], Any] | None = None,
+    to_numpy: Callable[[Any], np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """The float64 goldens and integer intermediates of `case`, as NumPy arrays.
+
+    `namespace`, `from_numpy` and `to_numpy` select another array library
+    (a backend adapter's); the default is NumPy.
+    """
+    if namespace is None:
+        import array_api_compat.numpy as namespace
+
+        def from_numpy(a):
+            return a
+
+        def to_numpy(x):
+            return np.asarray(x)
+
+    arrays = {
+        name: from_numpy(a if a.dtype == np.bool_ else a.astype(np.float64))
+        for name, a in inputs.items()
+    }
+    result = evaluate(case, namespace, arrays, method="definition")
+    return {name: _host(to_numpy(x)) for name, x in result.items()}
+
+
+def _host(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype.kind in "iu":
+        return a.astype(np.int64)
+    return a
+
+
+def elementwise_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` as ``sum_k a[..., i, k] * b[..., k, j]``, summed by ``numpy.sum``."""
+    return np.sum(a[..., :, :, None] * b[..., None, :, :], axis=-2)
+
+
+def naive_method(case: Case) -> str:
+    """``"efficient"`` where the scheme has that path for these parameters."""
+    return "efficient" if case.spec.has_efficient(case.parameters) else "definition"
+
+
+def naive_arrays(case: Case, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The float stages of the naive pipeline, as float64 copies of their stored values."""
+    import array_api_compat.numpy as xp
+
+    storage = numpy_dtype(case.dtype)
+    compute = np.dtype(np.float32) if case.dtype in SIXTEEN_BIT else storage
+
+    def store(x: Any) -> Any:
+        return np.asarray(x).astype(storage).astype(compute)
+
+    arrays = {
+        name: a if a.dtype == np.bool_ else a.astype(compute) for name, a in inputs.items()
+    }
+    result = evaluate(
+        case, xp, arrays, method=naive_method(case), store=store, matmul=elementwise_matmul
+    )
+    return {
+        name: np.asarray(result[name], dtype=np.float64)
+        for name in FLOAT_STAGES
+        if name in result
+    }

@@ -1,0 +1,318 @@
+"""How each scheme becomes a golden case: its inputs and its intermediates.
+
+Adding a scheme to the golden suite takes one `SchemeSpec` (a few lines
+calling the scheme's public functions) and a few `Case` lines in
+`relpos_ref.golden.cases`. Everything else (inputs, the float64 goldens, the
+naive pipeline behind the tolerances, files, manifest, verify, check) is
+shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import schemes as sc
+from ..positions import relative_positions
+
+__all__ = ["COMMON_DEFAULTS", "SCHEMES", "SchemeSpec"]
+
+#: Parameters every case has, with their defaults.
+COMMON_DEFAULTS: Mapping[str, Any] = {
+    "b": 1,  # batch
+    "h": 1,  # heads
+    "t_q": 1,
+    "t_k": 1,
+    "d": 8,  # width of q, k and v
+    "causal": False,
+    "q_offset": 0,
+    "masked": False,  # a random mask with fully masked rows
+    "scale": None,  # None: 1 / sqrt(d)
+    "per_head": False,  # tables (h, n, ...) instead of shared (n, ...)
+}
+
+
+@dataclass(frozen=True)
+class SchemeSpec:
+    """A scheme as the golden suite sees it.
+
+    Attributes
+    ----------
+    name : str
+        The scheme's name, the first part of case ids.
+    defaults : mapping
+        The scheme's own parameters and their defaults.
+    label : callable
+        ``params -> str``: the scheme's part of the shape label (``"K4"``).
+    tables : callable
+        ``params -> {name: shape}``: float inputs besides ``q, k, v``.
+    terms : callable
+        ``(xp, arrays, params, method) -> dict``: integer intermediates
+        (distances, table rows, validity) and the float ``position`` (scaled
+        with ``q . k``) and ``bias`` (added after scaling) terms.
+    values : callable, optional
+        ``(weights, arrays, params, method) -> array``: a term added to the
+        output (relative values), or ``None``.
+    attention : callable
+        ``(arrays, params, method) -> (out, weights)``: the scheme's public
+        ``*_attention``; the suite's goldens are tested equal to it.
+    has_efficient : callable
+        ``params -> bool``: whether ``method="efficient"`` applies.
+    derive : callable
+        ``params -> dict``: parameters fixed by others (a grid's lengths).
+    """
+
+    name: str
+    defaults: Mapping[str, Any]
+    label: Callable[[Mapping[str, Any]], str]
+    tables: Callable[[Mapping[str, Any]], dict[str, tuple[int, ...]]]
+    terms: Callable[..., dict[str, Any]]
+    attention: Callable[..., tuple[Any, Any]]
+    values: Callable[..., Any] | None = None
+    has_efficient: Callable[[Mapping[str, Any]], bool] = field(default=lambda p: True)
+    derive: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=lambda p: {})
+
+
+def _rows(p: Mapping[str, Any], n: int, width: int | None) -> tuple[int, ...]:
+    head = (p["h"],) if p["per_head"] else ()
+    return (*head, n) if width is None else (*head, n, width)
+
+
+def _common(arrays: Mapping[str, Any], p: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "scale": p["scale"],
+        "mask": arrays.get("mask"),
+        "causal": p["causal"],
+        "return_weights": True,
+    }
+
+
+def _distance(xp: Any, arrays: Mapping[str, Any], p: Mapping[str, Any]) -> Any:
+    return relative_positions(p["t_q"], p["t_k"], q_offset=p["q_offset"], xp=xp)
+
+
+def _device(arrays: Mapping[str, Any]) -> Any:
+    from .._xp import device
+
+    return device(arrays["q"])
+
+
+# -- absolute ---------------------------------------------------------------
+
+
+def _absolute_terms(xp, arrays, p, method):
+    return {
+        "distance": _distance(xp, arrays, p),
+        "index": sc.absolute_index(p["t_q"], p["t_k"], xp=xp, device=_device(arrays)),
+        "position": sc.absolute_logits(arrays["q"], arrays["table"], p["t_k"]),
+    }
+
+
+ABSOLUTE = SchemeSpec(
+    name="absolute",
+    defaults={"rows": None},  # None: t_k rows
+    label=lambda p: f"R{p['rows'] or p['t_k']}",
+    tables=lambda p: {"table": _rows(p, p["rows"] or p["t_k"], p["d"])},
+    terms=_absolute_terms,
+    attention=lambda a, p, m: sc.absolute_attention(
+        a["q"], a["k"], a["v"], a["table"], q_offset=p["q_offset"], **_common(a, p)
+    ),
+    has_efficient=lambda p: False,
+)
+
+# -- shaw -------------------------------------------------------------------
+
+
+def _shaw_terms(xp, arrays, p, method):
+    index, valid = sc.shaw_index(
+        p["t_q"],
+        p["t_k"],
+        max_distance=p["K"],
+        q_offset=p["q_offset"],
+        beyond=p["beyond"],
+        xp=xp,
+        device=_device(arrays),
+    )
+    position = sc.shaw_logits(
+        arrays["q"],
+        arrays["key_table"],
+        p["t_k"],
+        q_offset=p["q_offset"],
+        beyond=p["beyond"],
+        method=method,
+    )
+    return {"distance": _distance(xp, arrays, p), "index": index, "valid": valid,
+            "position": position}
+
+
+def _shaw_values(weights, arrays, p, method):
+    if "value_table" not in arrays:
+        return None
+    return sc.shaw_values(
+        weights, arrays["value_table"], q_offset=p["q_offset"], beyond=p["beyond"], method=method
+    )
+
+
+def _shaw_tables(p):
+    out = {"key_table": _rows(p, 2 * p["K"] + 1, p["d"])}
+    if p["values"]:
+        out["value_table"] = _rows(p, 2 * p["K"] + 1, p["d"])
+    return out
+
+
+SHAW = SchemeSpec(
+    name="shaw",
+    defaults={"K": 4, "beyond": "clip", "values": True},
+    label=lambda p: f"K{p['K']}",
+    tables=_shaw_tables,
+    terms=_shaw_terms,
+    values=_shaw_values,
+    attention=lambda a, p, m: sc.shaw_attention(
+        a["q"], a["k"], a["v"], a["key_table"], a.get("value_table"),
+        q_offset=p["q_offset"], beyond=p["beyond"], method=m, **_common(a, p),
+    ),
+)
+
+# -- bias -------------------------------------------------------------------
+
+
+def _bias_terms(xp, arrays, p, method):
+    index, valid = sc.shaw_index(
+        p["t_q"],
+        p["t_k"],
+        max_distance=p["K"],
+        q_offset=p["q_offset"],
+        beyond=p["beyond"],
+        xp=xp,
+        device=_device(arrays),
+    )
+    bias = sc.bias_logits(
+        arrays["table"], p["t_q"], p["t_k"], q_offset=p["q_offset"], beyond=p["beyond"]
+    )
+    return {"distance": _distance(xp, arrays, p), "index": index, "valid": valid, "bias": bias}
+
+
+BIAS = SchemeSpec(
+    name="bias",
+    defaults={"K": 4, "beyond": "clip"},
+    label=lambda p: f"K{p['K']}",
+    tables=lambda p: {"table": _rows(p, 2 * p["K"] + 1, None)},
+    terms=_bias_terms,
+    attention=lambda a, p, m: sc.bias_attention(
+        a["q"], a["k"], a["v"], a["table"], q_offset=p["q_offset"], beyond=p["beyond"],
+        **_common(a, p),
+    ),
+    has_efficient=lambda p: False,
+)
+
+# -- music ------------------------------------------------------------------
+
+
+def _music_terms(xp, arrays, p, method):
+    index, valid = sc.music_index(
+        p["t_q"],
+        p["t_k"],
+        length=p["M"],
+        q_offset=p["q_offset"],
+        beyond=p["beyond"],
+        xp=xp,
+        device=_device(arrays),
+    )
+    position = sc.music_logits(
+        arrays["q"], arrays["table"], p["t_k"], q_offset=p["q_offset"], beyond=p["beyond"],
+        method=method,
+    )
+    return {"distance": _distance(xp, arrays, p), "index": index, "valid": valid,
+            "position": position}
+
+
+def _music_values(weights, arrays, p, method):
+    if "value_table" not in arrays:
+        return None
+    return sc.music_values(
+        weights, arrays["value_table"], q_offset=p["q_offset"], beyond=p["beyond"], method=method
+    )
+
+
+def _music_tables(p):
+    out = {"table": _rows(p, p["M"], p["d"])}
+    if p["values"]:
+        out["value_table"] = _rows(p, p["M"], p["d"])
+    return out
+
+
+MUSIC = SchemeSpec(
+    name="music",
+    defaults={"M": 8, "beyond": "clip", "values": False, "causal": True},
+    label=lambda p: f"M{p['M']}",
+    tables=_music_tables,
+    terms=_music_terms,
+    values=_music_values,
+    attention=lambda a, p, m: sc.music_attention(
+        a["q"], a["k"], a["v"], a["table"], a.get("value_table"),
+        q_offset=p["q_offset"], beyond=p["beyond"], method=m, **_common(a, p),
+    ),
+    # the skew needs end-aligned queries
+    has_efficient=lambda p: p["q_offset"] == p["t_k"] - p["t_q"],
+)
+
+# -- general ----------------------------------------------------------------
+
+
+def _general_terms(xp, arrays, p, method):
+    index = sc.general_index(
+        p["t_q"], p["t_k"], t_max=p["t_max"], q_offset=p["q_offset"], order=p["order"], xp=xp,
+        device=_device(arrays),
+    )
+    position = sc.general_logits(
+        arrays["q"], arrays["table"], p["t_k"], q_offset=p["q_offset"], order=p["order"],
+        method=method,
+    )
+    return {"distance": _distance(xp, arrays, p), "index": index, "position": position}
+
+
+GENERAL = SchemeSpec(
+    name="general",
+    defaults={"t_max": 8, "order": "past_to_future"},
+    label=lambda p: f"T{p['t_max']}",
+    tables=lambda p: {"table": _rows(p, 2 * p["t_max"] - 1, p["d"])},
+    terms=_general_terms,
+    attention=lambda a, p, m: sc.general_attention(
+        a["q"], a["k"], a["v"], a["table"], q_offset=p["q_offset"], order=p["order"],
+        method=m, **_common(a, p),
+    ),
+)
+
+# -- grid2d -----------------------------------------------------------------
+
+
+def _grid2d_terms(xp, arrays, p, method):
+    rows, cols = sc.grid2d_index(p["height"], p["width"], xp=xp, device=_device(arrays))
+    position = sc.grid2d_logits(
+        arrays["q"], arrays["row_table"], arrays["col_table"], height=p["height"],
+        width=p["width"], method=method,
+    )
+    return {"index_rows": rows, "index_cols": cols, "position": position}
+
+
+GRID2D = SchemeSpec(
+    name="grid2d",
+    defaults={"height": 2, "width": 2},
+    label=lambda p: f"g{p['height']}x{p['width']}",
+    tables=lambda p: {
+        "row_table": _rows(p, 2 * p["height"] - 1, p["d"]),
+        "col_table": _rows(p, 2 * p["width"] - 1, p["d"]),
+    },
+    terms=_grid2d_terms,
+    attention=lambda a, p, m: sc.grid2d_attention(
+        a["q"], a["k"], a["v"], a["row_table"], a["col_table"], height=p["height"],
+        width=p["width"], method=m, **_common(a, p),
+    ),
+    derive=lambda p: {"t_q": p["height"] * p["width"], "t_k": p["height"] * p["width"]},
+)
+
+#: Every scheme the golden suite knows, by name.
+SCHEMES: Mapping[str, SchemeSpec] = {
+    s.name: s for s in (ABSOLUTE, SHAW, BIAS, MUSIC, GENERAL, GRID2D)
+}
