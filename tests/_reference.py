@@ -278,3 +278,58 @@ def bias_value(table, k_max, beyond, q_offset):
         return float(table_row(table, h, max(-k_max, min(k_max, r)) + k_max, scalar=True))
 
     return value
+
+
+def t5_bucket(r: int, num_buckets: int, max_distance: int, bidirectional: bool) -> int:
+    """T5 / mesh-tensorflow _relative_position_bucket, one distance, r = key - query."""
+    n = num_buckets
+    bucket = 0
+    if bidirectional:
+        n //= 2
+        if r > 0:
+            bucket += n
+        a = abs(r)
+    else:
+        a = max(-r, 0)
+    max_exact = n // 2
+    if a < max_exact:
+        return bucket + a
+    large = max_exact + int(math.log(a / max_exact) / math.log(max_distance / max_exact)
+                            * (n - max_exact))
+    return bucket + min(large, n - 1)
+
+
+def alibi_slopes(n: int) -> list[float]:
+    """Press et al.: geometric slopes 2^(-8 i / n), i = 1..n, for n a power of two;
+    otherwise the closest smaller power of two, then every other slope of twice that."""
+    def power_of_two(m):
+        return [2.0 ** (-8.0 * i / m) for i in range(1, m + 1)]
+
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return power_of_two(p) + power_of_two(2 * p)[0::2][: n - p]
+
+
+def swin_row(wh: int, ww: int, n: int, m: int) -> int:
+    """Swin table row for query token n and key token m (row-major), key minus query."""
+    dy = m // ww - n // ww
+    dx = m % ww - n % ww
+    return (dy + wh - 1) * (2 * ww - 1) + (dx + ww - 1)
+
+
+def rope_rotate(x: np.ndarray, offset: int, base: float, rotary_dim: int, layout: str):
+    """Rotate pairs as complex numbers z_c e^{i p theta_c}, p = offset + row."""
+    x = np.asarray(x, dtype=np.float64)
+    out = x.copy()
+    half = rotary_dim // 2
+    for idx in np.ndindex(x.shape[:-1]):
+        p = offset + idx[-1]
+        for c in range(half):
+            theta = base ** (-2.0 * c / rotary_dim)
+            a_i, b_i = (2 * c, 2 * c + 1) if layout == "interleaved" else (c, c + half)
+            z = complex(x[(*idx, a_i)], x[(*idx, b_i)]) * complex(
+                math.cos(p * theta), math.sin(p * theta)
+            )
+            out[(*idx, a_i)], out[(*idx, b_i)] = z.real, z.imag
+    return out

@@ -134,6 +134,28 @@ def _reference_terms(case, x):
     if s == "grid2d":
         return {"key_row": ref.grid2d_row(x["row_table"], x["col_table"], p["height"],
                                           p["width"])}
+    if s == "t5":
+        def t5(h, i, j):
+            b = ref.t5_bucket(j - (i + off), p["buckets"], p["max_distance"], p["bidirectional"])
+            return float(ref.table_row(x["table"], h, b, scalar=True))
+
+        return {"bias_value": t5}
+    if s == "alibi":
+        m = ref.alibi_slopes(p["h"])
+
+        def alibi(h, i, j):
+            r = j - (i + off)
+            return m[h] * (-abs(r) if p["symmetric"] else r)
+
+        return {"bias_value": alibi}
+    if s == "swin":
+        def swin(h, a, b):
+            row = ref.swin_row(p["height"], p["width"], a, b)
+            return float(ref.table_row(x["table"], h, row, scalar=True))
+
+        return {"bias_value": swin}
+    if s == "rope":
+        return {}
     raise AssertionError(s)
 
 
@@ -143,6 +165,11 @@ def test_goldens_equal_the_loop_reference(case):
     got = golden_arrays(case, inputs)
     p = case.parameters
     x = {n: a.astype(np.float64) if a.dtype != np.bool_ else a for n, a in inputs.items()}
+    if case.scheme == "rope":
+        rd = p["rotary_dim"] or p["d"]
+        x["q"] = ref.rope_rotate(x["q"], p["q_offset"], p["base"], rd, p["layout"])
+        x["k"] = ref.rope_rotate(x["k"], 0, p["base"], rd, p["layout"])
+        np.testing.assert_allclose(got["q_rotated"], x["q"], rtol=0, atol=1e-12)
     out, weights, position = ref.relative_attention(
         x["q"], x["k"], x["v"], scale=p["scale"], mask=x.get("mask"), causal=p["causal"],
         q_offset=p["q_offset"], **_reference_terms(case, x),

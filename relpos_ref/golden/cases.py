@@ -21,7 +21,9 @@ from .schemes import COMMON_DEFAULTS, SCHEMES, SchemeSpec
 __all__ = ["Case", "CaseRegistry", "default_cases"]
 
 _VARIANT = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
-_POSITIVE = ("b", "h", "t_q", "t_k", "d", "K", "M", "t_max", "height", "width")
+_POSITIVE = (
+    "b", "h", "t_q", "t_k", "d", "K", "M", "t_max", "height", "width", "buckets", "max_distance",
+)
 
 
 @dataclass(frozen=True)
@@ -257,6 +259,26 @@ def _base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
         ("grid2d", "per-head-masked", {"h": 3, "d": 8, "height": 4, "width": 4,
                                        "per_head": True, "masked": True}),
         ("grid2d", "one-token", {"d": 4, "height": 1, "width": 1}),
+        # t5: bucketed scalar bias, unscaled
+        ("t5", "bidirectional", {"h": 3, "t_q": 20, "t_k": 40, "d": 8, "buckets": 32,
+                                 "max_distance": 16, "per_head": True}),
+        ("t5", "causal-decode", {"h": 2, "t_q": 4, "t_k": 64, "d": 8, "buckets": 32,
+                                 "max_distance": 32, "bidirectional": False, "causal": True,
+                                 "q_offset": 60, "per_head": True}),
+        # alibi: linear biases, slopes for head counts that are not powers of two
+        ("alibi", "symmetric", {"h": 6, "t_q": 9, "t_k": 13, "d": 8}),
+        ("alibi", "causal-end", {"h": 5, "t_q": 4, "t_k": 12, "d": 8, "causal": True,
+                                 "q_offset": 8, "symmetric": False}),
+        # swin: 2D bias table of a window, non-square
+        ("swin", "non-square", {"b": 2, "h": 3, "d": 8, "height": 2, "width": 3,
+                                "per_head": True}),
+        ("swin", "masked", {"h": 2, "d": 8, "height": 3, "width": 3, "per_head": True,
+                            "masked": True}),
+        # rope: both pairings, partial rotation, an offset
+        ("rope", "half-partial-end", {"h": 2, "t_q": 5, "t_k": 11, "d": 16, "rotary_dim": 8,
+                                      "q_offset": 6, "causal": True}),
+        ("rope", "interleaved", {"h": 2, "t_q": 9, "t_k": 9, "d": 8, "layout": "interleaved",
+                                 "base": 100.0}),
     ]
 
 
@@ -267,7 +289,7 @@ def default_cases() -> CaseRegistry:
     --------
     >>> reg = default_cases()
     >>> sorted({c.scheme for c in reg})
-    ['absolute', 'bias', 'general', 'grid2d', 'music', 'shaw']
+    ['absolute', 'alibi', 'bias', 'general', 'grid2d', 'music', 'rope', 'shaw', 'swin', 't5']
     """
     return CaseRegistry(
         Case.make(scheme, variant, dtype=dtype, **params)

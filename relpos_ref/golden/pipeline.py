@@ -4,7 +4,8 @@ Both run the same stages, built from the library's public functions:
 
 1. the scheme's integer intermediates (``distance``, ``index``, ``valid``, ...)
    and its ``position`` term (scaled with ``q . k``) and/or ``bias`` term
-   (added after scaling);
+   (added after scaling); schemes that transform the queries and keys (RoPE)
+   return ``q_rotated`` and ``k_rotated``, which replace ``q`` and ``k``;
 2. ``logits = scale * (q k^T + position) + bias``, before masking;
 3. ``weights = masked_softmax(logits)`` under the mask and causality;
 4. ``output = weights v`` plus the scheme's relative-value term, if any.
@@ -36,8 +37,8 @@ from .dtypes import SIXTEEN_BIT, numpy_dtype
 
 __all__ = ["FLOAT_STAGES", "evaluate", "golden_arrays", "naive_arrays"]
 
-#: The float intermediates and results, in pipeline order.
-FLOAT_STAGES = ("position", "bias", "logits", "weights", "output")
+#: The float intermediates and results every scheme may have, in pipeline order.
+FLOAT_STAGES = ("q_rotated", "k_rotated", "position", "bias", "logits", "weights", "output")
 
 
 def evaluate(
@@ -72,11 +73,13 @@ def evaluate(
     """
     p = case.parameters
     spec = case.spec
-    out = dict(spec.terms(xp, arrays, p, method))
-    for name in ("position", "bias"):
-        if out.get(name) is not None:
-            out[name] = store(out[name])
-    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+    out = {name: x for name, x in spec.terms(xp, arrays, p, method).items() if x is not None}
+    for name, x in out.items():
+        if xp.isdtype(x.dtype, "real floating"):
+            out[name] = store(x)
+    q = out.get("q_rotated", arrays["q"])
+    k = out.get("k_rotated", arrays["k"])
+    v = arrays["v"]
     matmul = xp.matmul if matmul is None else matmul
     content = matmul(q, xp.matrix_transpose(k))
     scale = default_scale(p["d"], p["scale"])
@@ -172,7 +175,7 @@ def naive_arrays(case: Case, inputs: Mapping[str, np.ndarray]) -> dict[str, np.n
         case, xp, arrays, method=naive_method(case), store=store, matmul=elementwise_matmul
     )
     return {
-        name: np.asarray(result[name], dtype=np.float64)
-        for name in FLOAT_STAGES
-        if name in result
+        name: np.asarray(x, dtype=np.float64)
+        for name, x in result.items()
+        if np.asarray(x).dtype.kind == "f"
     }

@@ -312,7 +312,115 @@ GRID2D = SchemeSpec(
     derive=lambda p: {"t_q": p["height"] * p["width"], "t_k": p["height"] * p["width"]},
 )
 
+# -- t5 ---------------------------------------------------------------------
+
+
+def _t5_terms(xp, arrays, p, method):
+    r = _distance(xp, arrays, p)
+    bucket = sc.t5_bucket(
+        r, num_buckets=p["buckets"], max_distance=p["max_distance"],
+        bidirectional=p["bidirectional"],
+    )
+    bias = sc.t5_bias(
+        arrays["table"], p["t_q"], p["t_k"], q_offset=p["q_offset"],
+        bidirectional=p["bidirectional"], max_distance=p["max_distance"],
+    )
+    return {"distance": r, "index": bucket, "bias": bias}
+
+
+T5 = SchemeSpec(
+    name="t5",
+    defaults={"buckets": 32, "max_distance": 128, "bidirectional": True, "scale": 1.0},
+    label=lambda p: f"B{p['buckets']}-D{p['max_distance']}",
+    tables=lambda p: {"table": _rows(p, p["buckets"], None)},
+    terms=_t5_terms,
+    attention=lambda a, p, m: sc.t5_attention(
+        a["q"], a["k"], a["v"], a["table"], q_offset=p["q_offset"],
+        bidirectional=p["bidirectional"], max_distance=p["max_distance"], **_common(a, p),
+    ),
+    has_efficient=lambda p: False,
+)
+
+# -- alibi ------------------------------------------------------------------
+
+
+def _alibi_slopes(xp, arrays, p):
+    q = arrays["q"]
+    return xp.asarray(sc.alibi_slopes(p["h"]), dtype=q.dtype, device=_device(arrays))
+
+
+def _alibi_terms(xp, arrays, p, method):
+    bias = sc.alibi_bias(
+        _alibi_slopes(xp, arrays, p), p["t_q"], p["t_k"], q_offset=p["q_offset"],
+        symmetric=p["symmetric"],
+    )
+    return {"distance": _distance(xp, arrays, p), "bias": bias}
+
+
+ALIBI = SchemeSpec(
+    name="alibi",
+    defaults={"symmetric": True},
+    label=lambda p: "sym" if p["symmetric"] else "causal-form",
+    tables=lambda p: {},
+    terms=_alibi_terms,
+    attention=lambda a, p, m: sc.alibi_attention(
+        a["q"], a["k"], a["v"], q_offset=p["q_offset"], symmetric=p["symmetric"],
+        **_common(a, p),
+    ),
+    has_efficient=lambda p: False,
+)
+
+# -- swin -------------------------------------------------------------------
+
+
+def _swin_terms(xp, arrays, p, method):
+    index = sc.swin_index(p["height"], p["width"], xp=xp, device=_device(arrays))
+    return {"index": index, "bias": sc.swin_bias(arrays["table"], p["height"], p["width"])}
+
+
+SWIN = SchemeSpec(
+    name="swin",
+    defaults={"height": 2, "width": 2},
+    label=lambda p: f"w{p['height']}x{p['width']}",
+    tables=lambda p: {
+        "table": _rows(p, (2 * p["height"] - 1) * (2 * p["width"] - 1), None)
+    },
+    terms=_swin_terms,
+    attention=lambda a, p, m: sc.swin_attention(
+        a["q"], a["k"], a["v"], a["table"], window_height=p["height"], window_width=p["width"],
+        scale=p["scale"], mask=a.get("mask"), return_weights=True,
+    ),
+    has_efficient=lambda p: False,
+    derive=lambda p: {"t_q": p["height"] * p["width"], "t_k": p["height"] * p["width"]},
+)
+
+# -- rope -------------------------------------------------------------------
+
+
+def _rope_terms(xp, arrays, p, method):
+    opts = {"base": p["base"], "rotary_dim": p["rotary_dim"], "layout": p["layout"]}
+    return {
+        "distance": _distance(xp, arrays, p),
+        "q_rotated": sc.rope_rotate(arrays["q"], offset=p["q_offset"], **opts),
+        "k_rotated": sc.rope_rotate(arrays["k"], offset=0, **opts),
+    }
+
+
+ROPE = SchemeSpec(
+    name="rope",
+    defaults={"base": 10000.0, "rotary_dim": None, "layout": "half"},
+    label=lambda p: f"R{p['rotary_dim'] or p['d']}-{p['layout']}",
+    tables=lambda p: {},
+    terms=_rope_terms,
+    attention=lambda a, p, m: sc.rope_attention(
+        a["q"], a["k"], a["v"], base=p["base"], rotary_dim=p["rotary_dim"], layout=p["layout"],
+        q_offset=p["q_offset"], **_common(a, p),
+    ),
+    has_efficient=lambda p: False,
+)
+
 #: Every scheme the golden suite knows, by name.
 SCHEMES: Mapping[str, SchemeSpec] = {
-    s.name: s for s in (ABSOLUTE, SHAW, BIAS, MUSIC, GENERAL, GRID2D)
+    s.name: s
+    for s in (ABSOLUTE, SHAW, BIAS, MUSIC, GENERAL, GRID2D, T5, ALIBI, SWIN, ROPE)
 }

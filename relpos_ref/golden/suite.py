@@ -37,7 +37,7 @@ from .manifest import (
     render,
     schema_path,
 )
-from .pipeline import FLOAT_STAGES, golden_arrays, naive_arrays, naive_method
+from .pipeline import golden_arrays, naive_arrays, naive_method
 from .progress import Progress
 from .tolerance import RULE, derive_tolerance
 
@@ -140,7 +140,7 @@ def build_case(case: Case, *, fmt: str, backend: _Backend) -> tuple[bytes, dict[
         described[name] = {"role": "input"}
     for name, a in goldens.items():
         arrays[name] = a
-        if name in FLOAT_STAGES:
+        if a.dtype.kind == "f":
             tol = derive_tolerance(a, naive[name], case.dtype)
             described[name] = {"role": "golden", "tolerance": tol}
         else:

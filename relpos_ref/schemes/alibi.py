@@ -1,0 +1,167 @@
+r"""ALiBi: attention with linear biases (Press et al. 2022).
+
+Each head ``h`` adds a fixed penalty proportional to the distance:
+
+.. math:: \text{logits}_{ij} = s\, q_i \cdot k_j + B^h_{ij}, \qquad
+          B^h_{ij} = -m_h\, |r_{ij}| \;\text{(symmetric)} \quad\text{or}\quad
+          m_h\, r_{ij} \;\text{(causal form)}
+
+with ``r = j - (i + q_offset)``. The two forms agree wherever ``r <= 0``, so
+under a causal mask they give the same attention. The slopes are geometric:
+for ``n`` heads, a power of two, ``m_h = 2^{-8 (h + 1) / n}``; otherwise the
+slopes of the nearest smaller power of two ``p`` are followed by every other
+slope of ``2p`` heads, ``h = 0, 2, 4, ...``, until there are ``n``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _xp
+from .._validate import nonnegative_int, positive_int
+from ..attention import attention
+from ..positions import relative_positions
+
+__all__ = ["alibi_attention", "alibi_bias", "alibi_slopes"]
+
+
+def _power_of_two_slopes(n: int) -> list[float]:
+    start = 2.0 ** (-8.0 / n)
+    return [start ** (h + 1) for h in range(n)]
+
+
+def alibi_slopes(num_heads: int) -> tuple[float, ...]:
+    """The slopes ``m_h`` of Press et al. for any number of heads (Python floats).
+
+    Parameters
+    ----------
+    num_heads : int
+        ``>= 1``.
+
+    Returns
+    -------
+    tuple of float
+        ``num_heads`` slopes, largest first.
+
+    Examples
+    --------
+    >>> alibi_slopes(4)
+    (0.25, 0.0625, 0.015625, 0.00390625)
+    >>> [round(m, 4) for m in alibi_slopes(3)]  # 2 heads' slopes, then 1 of 4 heads'
+    [0.0625, 0.0039, 0.25]
+    """
+    n = positive_int("num_heads", num_heads)
+    p = 1 << (n.bit_length() - 1)  # the largest power of two <= n
+    slopes = _power_of_two_slopes(p)
+    if p < n:
+        slopes += _power_of_two_slopes(2 * p)[0::2][: n - p]
+    return tuple(slopes)
+
+
+def alibi_bias(
+    slopes: Any, /, t_q: int, t_k: int, *, q_offset: int = 0, symmetric: bool = True
+) -> Any:
+    r"""ALiBi bias :math:`B^h_{ij} = -m_h |r_{ij}|` (or :math:`m_h r_{ij}`).
+
+    Parameters
+    ----------
+    slopes : floating array, shape ``(h,)``
+        One slope per head, e.g. ``xp.asarray(alibi_slopes(h))``.
+    t_q, t_k : int
+        Number of queries and keys.
+    q_offset : int, optional
+        Position of query 0 (``t_k - t_q`` when decoding with a cache).
+    symmetric : bool, optional
+        ``True``: ``-m |r|`` (penalizes the future too); ``False``: the causal
+        form ``m r``, positive for future keys (mask them).
+
+    Returns
+    -------
+    array, shape ``(h, t_q, t_k)``
+        Same dtype and device as `slopes`.
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> alibi_bias(xp.asarray([0.5]), 2, 3)
+    array([[[-0. , -0.5, -1. ],
+            [-0.5, -0. , -0.5]]])
+    """
+    xp = _xp.array_namespace(slopes)
+    _xp.check_floating(xp, "slopes", slopes)
+    if slopes.ndim != 1:
+        msg = f"`slopes` must have shape (h,), got shape {tuple(slopes.shape)}"
+        raise ValueError(msg)
+    t_q = nonnegative_int("t_q", t_q)
+    t_k = nonnegative_int("t_k", t_k)
+    dev = _xp.device(slopes)
+    r = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=dev)
+    r = xp.astype(r, slopes.dtype)
+    distance = -xp.abs(r) if symmetric else r
+    return slopes[:, None, None] * distance[None, :, :]
+
+
+def alibi_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    /,
+    *,
+    slopes: Any = None,
+    symmetric: bool = True,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool = False,
+    q_offset: int = 0,
+    return_weights: bool = False,
+) -> Any:
+    r"""Attention with linear biases.
+
+    .. math:: w = \operatorname{softmax}(s\, q k^\top + B), \qquad B^h_{ij} = -m_h |r_{ij}|
+
+    Parameters
+    ----------
+    q, k, v : floating arrays ``(..., h, t_q, d)``, ``(..., h, t_k, d)``, ``(..., h, t_k, d_v)``
+        Heads at axis -3.
+    slopes : floating array ``(h,)``, optional
+        Default `alibi_slopes` of ``h = q.shape[-3]`` heads.
+    symmetric : bool, optional
+        As in `alibi_bias`.
+    scale, mask, causal, q_offset, return_weights
+        As in `relpos_ref.attention`.
+
+    Returns
+    -------
+    out : array ``(..., h, t_q, d_v)``, and the weights with ``return_weights=True``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> q = k = v = np.zeros((1, 3, 1))  # one head, slope 1/256
+    >>> w = alibi_attention(q, k, v, causal=True, return_weights=True)[1]
+    >>> bool(w[0, 2, 2] > w[0, 2, 1] > w[0, 2, 0])
+    True
+    """
+    xp = _xp.array_namespace(q, k, v, slopes)
+    if slopes is None:
+        if q.ndim < 3:
+            msg = (
+                f"`q` must have a head axis at -3 to derive ALiBi slopes, got shape "
+                f"{tuple(q.shape)}; pass `slopes`"
+            )
+            raise ValueError(msg)
+        slopes = xp.asarray(alibi_slopes(q.shape[-3]), dtype=q.dtype, device=_xp.device(q))
+    else:
+        _xp.check_same_dtype(q=q, slopes=slopes)
+    bias = alibi_bias(slopes, q.shape[-2], k.shape[-2], q_offset=q_offset, symmetric=symmetric)
+    return attention(
+        q,
+        k,
+        v,
+        scale=scale,
+        mask=mask,
+        causal=causal,
+        q_offset=q_offset,
+        bias=bias,
+        return_weights=return_weights,
+    )

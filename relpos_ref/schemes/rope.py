@@ -1,0 +1,192 @@
+r"""Rotary position embedding, RoPE (Su et al. 2021).
+
+Queries and keys are rotated by an angle proportional to their position, so
+that ``q . k`` depends on positions only through ``r``:
+
+.. math:: \langle R_{p_q} q,\, R_{p_k} k \rangle = \langle q,\, R_{p_k - p_q} k \rangle
+          = \langle q,\, R_{r} k \rangle
+
+The first ``rotary_dim`` features form ``rotary_dim / 2`` pairs; pair ``c``
+turns by ``p θ_c`` with ``θ_c = base^{-2c / rotary_dim}``; features beyond
+``rotary_dim`` pass through. Two pairings are in use:
+
+- ``"interleaved"`` (the paper, GPT-J, Mesh-TF): pair ``c`` is features
+  ``(2c, 2c + 1)``;
+- ``"half"`` (GPT-NeoX, LLaMA in HF transformers): pair ``c`` is features
+  ``(c, c + rotary_dim / 2)``.
+
+A pair ``(a, b)`` becomes ``(a cos φ - b sin φ, b cos φ + a sin φ)``.
+Positions are ``p_q = i + q_offset`` and ``p_k = j``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _xp
+from .._validate import as_float, as_int, check_choice
+from ..attention import attention
+
+__all__ = ["ROPE_LAYOUTS", "rope_attention", "rope_frequencies", "rope_rotate"]
+
+ROPE_LAYOUTS = ("half", "interleaved")
+
+
+def _rotary_dim(d: int, rotary_dim: int | None) -> int:
+    if rotary_dim is None:
+        rotary_dim = d
+    rotary_dim = as_int("rotary_dim", rotary_dim)
+    if rotary_dim < 0 or rotary_dim % 2 or rotary_dim > d:
+        msg = f"`rotary_dim` must be even and in 0 .. {d} (the feature width), got {rotary_dim}"
+        raise ValueError(msg)
+    return rotary_dim
+
+
+def rope_frequencies(rotary_dim: int, /, *, base: float = 10000.0) -> tuple[float, ...]:
+    r"""Angular frequencies :math:`\theta_c = \text{base}^{-2c / \text{rotary\_dim}}` (host floats).
+
+    Parameters
+    ----------
+    rotary_dim : int
+        Number of rotated features, even.
+    base : float, optional
+        ``> 0``; 10000 in the paper.
+
+    Returns
+    -------
+    tuple of float
+        ``rotary_dim / 2`` frequencies, ``θ_0 = 1`` first.
+
+    Examples
+    --------
+    >>> rope_frequencies(4, base=100.0)
+    (1.0, 0.1)
+    """
+    rotary_dim = _rotary_dim(rotary_dim, rotary_dim)
+    base = as_float("base", base)
+    if not base > 0:
+        msg = f"`base` must be > 0, got {base}"
+        raise ValueError(msg)
+    return tuple(base ** (-2.0 * c / rotary_dim) for c in range(rotary_dim // 2))
+
+
+def rope_rotate(
+    x: Any,
+    /,
+    *,
+    offset: int = 0,
+    base: float = 10000.0,
+    rotary_dim: int | None = None,
+    layout: str = "half",
+) -> Any:
+    """Rotate each row of `x` by its position ``offset + t``.
+
+    Parameters
+    ----------
+    x : floating array, shape ``(..., t, d)``
+    offset : int, optional
+        Position of row 0 (``q_offset`` for queries, 0 for keys).
+    base : float, optional
+        Frequency base.
+    rotary_dim : int, optional
+        Rotated features (even, ``<= d``); default all ``d``.
+    layout : {"half", "interleaved"}, optional
+        Which features form a pair.
+
+    Returns
+    -------
+    array
+        Same shape, dtype and device as `x`.
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> x = xp.asarray([[1.0, 0.0], [1.0, 0.0]])  # positions 0 and 1
+    >>> rope_rotate(x, base=1.0).round(4)  # θ = 1: turn by 0 and 1 radian
+    array([[1.    , 0.    ],
+           [0.5403, 0.8415]])
+    """
+    xp = _xp.array_namespace(x)
+    _xp.check_floating(xp, "x", x)
+    check_choice("layout", layout, ROPE_LAYOUTS)
+    offset = as_int("offset", offset)
+    if x.ndim < 2:
+        msg = f"`x` must have shape (..., t, d), got shape {tuple(x.shape)}"
+        raise ValueError(msg)
+    *_, t, d = x.shape
+    rd = _rotary_dim(d, rotary_dim)
+    if rd == 0:
+        return x
+    dev = _xp.device(x)
+    freqs = xp.asarray(rope_frequencies(rd, base=base), dtype=x.dtype, device=dev)
+    pos = xp.astype(xp.arange(offset, offset + t, device=dev), x.dtype)
+    angle = pos[:, None] * freqs[None, :]  # (t, rd / 2)
+    cos, sin = xp.cos(angle), xp.sin(angle)
+    half = rd // 2
+    if layout == "half":
+        a, b = x[..., :half], x[..., half:rd]
+        parts = [a * cos - b * sin, b * cos + a * sin]
+    else:
+        a, b = x[..., 0:rd:2], x[..., 1:rd:2]
+        pairs = xp.stack([a * cos - b * sin, b * cos + a * sin], axis=-1)
+        parts = [xp.reshape(pairs, (*pairs.shape[:-2], rd))]
+    if rd < d:
+        parts.append(x[..., rd:])
+    return xp.concat(parts, axis=-1) if len(parts) > 1 else parts[0]
+
+
+def rope_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    /,
+    *,
+    base: float = 10000.0,
+    rotary_dim: int | None = None,
+    layout: str = "half",
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool = False,
+    q_offset: int = 0,
+    return_weights: bool = False,
+) -> Any:
+    r"""Attention on rotated queries and keys.
+
+    .. math:: w = \operatorname{softmax}\bigl(s\, (R_{i + q_\text{offset}} q_i)
+              \cdot (R_j k_j)\bigr)
+
+    Parameters
+    ----------
+    q, k, v : floating arrays ``(..., t_q, d)``, ``(..., t_k, d)``, ``(..., t_k, d_v)``
+    base, rotary_dim, layout
+        As in `rope_rotate`.
+    scale, mask, causal, q_offset, return_weights
+        As in `relpos_ref.attention`; `q_offset` also sets the queries'
+        rotation (``t_k - t_q`` when decoding with a cache).
+
+    Returns
+    -------
+    out : array ``(..., t_q, d_v)``, and the weights with ``return_weights=True``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> q = k = v = np.eye(4)
+    >>> out = rope_attention(q, k, v, causal=True)
+    >>> out.shape
+    (4, 4)
+    """
+    _xp.array_namespace(q, k, v)
+    opts = {"base": base, "rotary_dim": rotary_dim, "layout": layout}
+    q_rot = rope_rotate(q, offset=q_offset, **opts)
+    k_rot = rope_rotate(k, offset=0, **opts)
+    return attention(
+        q_rot,
+        k_rot,
+        v,
+        scale=scale,
+        mask=mask,
+        causal=causal,
+        q_offset=q_offset,
+        return_weights=return_weights,
+    )

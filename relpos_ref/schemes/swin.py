@@ -1,0 +1,147 @@
+r"""Swin Transformer's 2D relative position bias (Liu et al. 2021).
+
+A window of ``Wh x Ww`` tokens (row-major, token ``n`` at row ``n // Ww``,
+column ``n % Ww``) attends within itself. Each head has one learned scalar
+per 2D offset, ``(2Wh - 1)(2Ww - 1)`` in all:
+
+.. math:: \text{logits}_{nm} = s\, q_n \cdot k_m + b_{\text{idx}(n, m)}, \qquad
+          \text{idx} = (\Delta y + W_h - 1)(2 W_w - 1) + (\Delta x + W_w - 1)
+
+with ``Δy`` and ``Δx`` the key's row and column minus the query's (key minus
+query, our convention). Swin's own code indexes with query minus key, which
+reverses the row order of its table; `relpos_ref.presets` converts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _xp
+from .._validate import positive_int
+from ..attention import attention
+from ..positions import grid_positions
+from ._tables import check_table
+
+__all__ = ["swin_attention", "swin_bias", "swin_index"]
+
+
+def swin_index(
+    window_height: int, window_width: int, /, *, xp: Any, device: Any = None
+) -> Any:
+    """Row of the ``(2Wh - 1)(2Ww - 1)`` table for each (query, key) token pair.
+
+    Parameters
+    ----------
+    window_height, window_width : int
+        Window size ``Wh x Ww``, ``>= 1``; non-square windows work.
+    xp : namespace
+        Array API namespace of the result.
+    device : optional
+        Device of the result.
+
+    Returns
+    -------
+    array, shape ``(Wh Ww, Wh Ww)``
+        ``(dy + Wh - 1)(2 Ww - 1) + (dx + Ww - 1)``.
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> swin_index(1, 3, xp=xp)  # one row: column offsets -2 .. 2 -> rows 0 .. 4
+    array([[2, 3, 4],
+           [1, 2, 3],
+           [0, 1, 2]])
+    """
+    wh = positive_int("window_height", window_height)
+    ww = positive_int("window_width", window_width)
+    y, x = grid_positions(wh, ww, xp=xp, device=device)
+    dy = y[None, :] - y[:, None]
+    dx = x[None, :] - x[:, None]
+    return (dy + (wh - 1)) * (2 * ww - 1) + (dx + (ww - 1))
+
+
+def swin_bias(table: Any, /, window_height: int, window_width: int) -> Any:
+    r"""Bias matrix :math:`B_{nm} = b_{\text{idx}(n, m)}` of one window.
+
+    Parameters
+    ----------
+    table : floating array, shape ``((2Wh-1)(2Ww-1),)`` or ``(h, (2Wh-1)(2Ww-1))``
+    window_height, window_width : int
+        Window size.
+
+    Returns
+    -------
+    array, shape ``(Wh Ww, Wh Ww)`` or ``(h, Wh Ww, Wh Ww)``
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> swin_bias(xp.arange(3.0), 1, 2)
+    array([[1., 2.],
+           [0., 1.]])
+    """
+    xp = _xp.array_namespace(table)
+    wh = positive_int("window_height", window_height)
+    ww = positive_int("window_width", window_width)
+    n = (2 * wh - 1) * (2 * ww - 1)
+    check_table("table", table, None, rows=n, rows_rule=" = (2Wh - 1)(2Ww - 1)", scalar=True)
+    index = swin_index(wh, ww, xp=xp, device=_xp.device(table))
+    tokens = wh * ww
+    out = xp.take(table, xp.reshape(index, (tokens * tokens,)), axis=table.ndim - 1)
+    return xp.reshape(out, (*table.shape[:-1], tokens, tokens))
+
+
+def swin_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    table: Any,
+    /,
+    *,
+    window_height: int,
+    window_width: int,
+    scale: float | None = None,
+    mask: Any = None,
+    return_weights: bool = False,
+) -> Any:
+    r"""Window attention with Swin's relative position bias.
+
+    .. math:: w = \operatorname{softmax}(s\, q k^\top + B + \text{mask})
+
+    Parameters
+    ----------
+    q, k, v : floating arrays ``(..., Wh Ww, d)``, ``(..., Wh Ww, d)``, ``(..., Wh Ww, d_v)``
+        One window's tokens, row-major; windows go in the leading axes.
+    table : floating array, ``((2Wh-1)(2Ww-1),)`` or ``(h, (2Wh-1)(2Ww-1))``
+    window_height, window_width : int
+        Window size.
+    scale, mask, return_weights
+        As in `relpos_ref.attention`; `mask` is boolean (``True`` = may
+        attend), e.g. the shifted-window mask.
+
+    Returns
+    -------
+    out : array ``(..., Wh Ww, d_v)``, and the weights with ``return_weights=True``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> q = k = v = np.eye(4)  # a 2 x 2 window
+    >>> out = swin_attention(q, k, v, np.zeros(9), window_height=2, window_width=2)
+    >>> out.shape
+    (4, 4)
+    """
+    _xp.array_namespace(q, k, v, table)
+    check_table("table", table, q, scalar=True)
+    tokens = positive_int("window_height", window_height) * positive_int(
+        "window_width", window_width
+    )
+    for name, x in (("q", q), ("k", k)):
+        if x.shape[-2] != tokens:
+            msg = (
+                f"`{name}` must have Wh * Ww = {tokens} tokens on axis -2, "
+                f"got shape {tuple(x.shape)}"
+            )
+            raise ValueError(msg)
+    bias = swin_bias(table, window_height, window_width)
+    return attention(q, k, v, scale=scale, mask=mask, bias=bias, return_weights=return_weights)

@@ -1,0 +1,257 @@
+r"""T5's bucketed relative bias (Raffel et al. 2020).
+
+A learned scalar per *bucket* of distances is added to the logits, and T5
+does not scale ``q . k`` (``scale = 1``).
+
+.. math:: \text{logits}_{ij} = q_i \cdot k_j + b_{\text{bucket}(r_{ij})}
+
+With ``r = j - (i + q_offset)`` (key minus query, as in T5 itself):
+
+- bidirectional: ``n = num_buckets // 2``; keys in the future (``r > 0``) use
+  buckets ``n .. 2n - 1``, the rest ``0 .. n - 1``, on ``a = |r|``;
+- causal (``bidirectional=False``): ``n = num_buckets``, ``a = max(-r, 0)``
+  (every future key shares bucket 0);
+- ``a < n // 2`` has a bucket of its own (``bucket = a``); larger ``a`` are
+  log-spaced up to `max_distance`:
+  ``n//2 + floor(log(a / (n//2)) / log(max_distance / (n//2)) * (n - n//2))``,
+  capped at ``n - 1``.
+
+The log is evaluated on the host, in float64, once per bucket boundary; the
+arrays only compare integers against those boundaries. So no ``log(0)`` is
+ever taken, nothing depends on the array library's float precision, and the
+bucket is exact for every distance.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any
+
+from .. import _xp
+from .._validate import nonnegative_int, positive_int
+from ..attention import attention
+from ..positions import relative_positions
+from ._tables import check_table
+
+__all__ = ["t5_attention", "t5_bias", "t5_bucket", "t5_bucket_boundaries"]
+
+
+def _halves(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, int]:
+    num_buckets = positive_int("num_buckets", num_buckets)
+    max_distance = positive_int("max_distance", max_distance)
+    n = num_buckets // 2 if bidirectional else num_buckets
+    if n < 2:
+        need = 4 if bidirectional else 2
+        msg = f"`num_buckets` must be >= {need} (bidirectional={bidirectional}), got {num_buckets}"
+        raise ValueError(msg)
+    max_exact = n // 2
+    if max_distance <= max_exact:
+        msg = (
+            f"`max_distance` must exceed the {max_exact} exact buckets "
+            f"(num_buckets={num_buckets}, bidirectional={bidirectional}), got {max_distance}"
+        )
+        raise ValueError(msg)
+    return n, max_exact
+
+
+@lru_cache(maxsize=256)
+def t5_bucket_boundaries(
+    num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
+) -> tuple[int, ...]:
+    """Smallest ``a`` that reaches each log-spaced bucket, ``n//2 + 1 .. n - 1``.
+
+    Parameters
+    ----------
+    num_buckets, max_distance, bidirectional
+        As in `t5_bucket`.
+
+    Returns
+    -------
+    tuple of int
+        ``boundaries[m]`` is the smallest ``a >= n//2`` whose bucket is at
+        least ``n//2 + 1 + m``.
+
+    Examples
+    --------
+    >>> t5_bucket_boundaries(32, 128)  # n = 16: buckets 8 .. 15
+    (12, 16, 23, 32, 46, 64, 91)
+    """
+    n, max_exact = _halves(num_buckets, max_distance, bidirectional)
+    span = math.log(max_distance / max_exact)
+
+    def bucket(a: int) -> int:
+        return max_exact + int(math.log(a / max_exact) / span * (n - max_exact))
+
+    out = []
+    a = max_exact
+    for target in range(max_exact + 1, n):
+        guess = math.ceil(max_exact * math.exp(span * (target - max_exact) / (n - max_exact)))
+        a = max(a, guess - 2)
+        while bucket(a) < target:
+            a += 1
+        out.append(a)
+    return tuple(out)
+
+
+def t5_bucket(
+    r: Any, /, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
+) -> Any:
+    """T5 bucket of each distance.
+
+    Parameters
+    ----------
+    r : integer array
+        Distances ``r = j - (i + q_offset)``, key minus query.
+    num_buckets : int, optional
+        Buckets in all (both directions together when bidirectional).
+    max_distance : int, optional
+        Distance at which the log-spaced buckets end; farther distances share
+        the last bucket.
+    bidirectional : bool, optional
+        ``False`` for causal (decoder) attention.
+
+    Returns
+    -------
+    array
+        Same shape and dtype as `r`, values in ``0 .. num_buckets - 1``.
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> r = xp.asarray([-200, -16, -15, -1, 0, 1, 7, 8, 200])
+    >>> t5_bucket(r)
+    array([15, 10,  9,  1,  0, 17, 23, 24, 31])
+    >>> t5_bucket(r, bidirectional=False)
+    array([31, 16, 15,  1,  0,  0,  0,  0,  0])
+    """
+    xp = _xp.array_namespace(r)
+    n, max_exact = _halves(num_buckets, max_distance, bidirectional)
+    bounds = t5_bucket_boundaries(num_buckets, max_distance, bidirectional)
+    dev = _xp.device(r)
+    zero = xp.zeros((), dtype=r.dtype, device=dev)
+    if bidirectional:
+        base = xp.where(r > zero, xp.asarray(n, dtype=r.dtype, device=dev), zero)
+        a = xp.abs(r)
+    else:
+        base = zero
+        a = xp.where(r < zero, -r, zero)
+    if bounds:
+        edges = xp.asarray(bounds, dtype=r.dtype, device=dev)
+        steps = xp.sum(xp.astype(a[..., None] >= edges, r.dtype), axis=-1)
+    else:
+        steps = zero
+    large = max_exact + steps
+    return base + xp.where(a < max_exact, a, large)
+
+
+def t5_bias(
+    table: Any,
+    /,
+    t_q: int,
+    t_k: int,
+    *,
+    q_offset: int = 0,
+    bidirectional: bool = True,
+    max_distance: int = 128,
+) -> Any:
+    r"""Bias matrix :math:`B_{ij} = b_{\text{bucket}(r_{ij})}`.
+
+    Parameters
+    ----------
+    table : floating array, shape ``(num_buckets,)`` or ``(h, num_buckets)``
+    t_q, t_k : int
+        Number of queries and keys.
+    q_offset : int, optional
+        Position of query 0 (``t_k - t_q`` when decoding with a cache).
+    bidirectional, max_distance
+        As in `t5_bucket`.
+
+    Returns
+    -------
+    array, shape ``(t_q, t_k)`` or ``(h, t_q, t_k)``
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> b = xp.arange(8.0)  # 8 buckets: 0..3 past and present, 4..7 future
+    >>> t5_bias(b, 1, 7, q_offset=3, max_distance=4)
+    array([[3., 2., 1., 0., 5., 6., 7.]])
+    """
+    xp = _xp.array_namespace(table)
+    check_table("table", table, None, scalar=True)
+    t_q = nonnegative_int("t_q", t_q)
+    t_k = nonnegative_int("t_k", t_k)
+    dev = _xp.device(table)
+    r = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=dev)
+    bucket = t5_bucket(
+        r, num_buckets=table.shape[-1], max_distance=max_distance, bidirectional=bidirectional
+    )
+    out = xp.take(table, xp.reshape(bucket, (t_q * t_k,)), axis=table.ndim - 1)
+    return xp.reshape(out, (*table.shape[:-1], t_q, t_k))
+
+
+def t5_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    table: Any,
+    /,
+    *,
+    scale: float | None = 1.0,
+    mask: Any = None,
+    causal: bool = False,
+    q_offset: int = 0,
+    bidirectional: bool = True,
+    max_distance: int = 128,
+    return_weights: bool = False,
+) -> Any:
+    r"""Attention with T5's bucketed relative bias, unscaled by default.
+
+    .. math:: w = \operatorname{softmax}(s\, q k^\top + B), \quad s = 1 \text{ (T5)}
+
+    Parameters
+    ----------
+    q, k, v : floating arrays ``(..., t_q, d)``, ``(..., t_k, d)``, ``(..., t_k, d_v)``
+    table : floating array, ``(num_buckets,)`` or ``(h, num_buckets)``
+    scale : float or None, optional
+        ``1.0`` (T5's choice, the default); ``None`` gives ``1 / sqrt(d)``.
+    mask, causal, q_offset, return_weights
+        As in `relpos_ref.attention`.
+    bidirectional, max_distance
+        As in `t5_bucket`; T5's decoder uses ``bidirectional=False`` with
+        ``causal=True``.
+
+    Returns
+    -------
+    out : array ``(..., t_q, d_v)``, and the weights with ``return_weights=True``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> q = k = v = np.eye(2)
+    >>> out = t5_attention(q, k, v, np.zeros(32))
+    >>> bool(np.allclose(out, [[0.731, 0.269], [0.269, 0.731]], atol=1e-3))
+    True
+    """
+    _xp.array_namespace(q, k, v, table)
+    check_table("table", table, q, scalar=True)
+    bias = t5_bias(
+        table,
+        q.shape[-2],
+        k.shape[-2],
+        q_offset=q_offset,
+        bidirectional=bidirectional,
+        max_distance=max_distance,
+    )
+    return attention(
+        q,
+        k,
+        v,
+        scale=scale,
+        mask=mask,
+        causal=causal,
+        q_offset=q_offset,
+        bias=bias,
+        return_weights=return_weights,
+    )
