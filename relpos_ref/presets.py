@@ -1,0 +1,262 @@
+"""How popular implementations map onto relpos_ref's one set of conventions.
+
+Each `Preset` names an implementation, the scheme and parameters that
+reproduce it, and `Preset.to_canonical`, which converts that implementation's
+learned table into our canonical layout (sign flips, row order, per-head
+axis, scaling). Conversions are plain array API operations, so they take
+NumPy, torch, JAX or CuPy tables.
+
+========================  ========  ==========================================================
+preset                    scheme    what differs from the canonical layout
+========================  ========  ==========================================================
+tensor2tensor-v1          shaw      nothing: rows ``clip(j - i, -K, K) + K``, clipped
+tensor2tensor-v2          music     nothing but the policy: distances past the table are 0
+hf-bert-relative-key      general   query minus key: row ``i - j + P - 1`` (``future_to_past``)
+hf-bert-relative-key-query general  as relative_key, plus the key-side term (`bert_key_query`)
+hf-t5                     t5        table ``(num_buckets, h)``: transpose; never scaled
+x-transformers-t5         t5        table ``(num_buckets, h)`` times the module's ``scale``
+x-transformers-alibi      alibi     nothing: ``-m |j - i|``, end-aligned queries
+bottleneck-transformer    grid2d    nothing: ``rel_height``, ``rel_width`` rows key minus query
+swin                      swin      query minus key and ``(n, h)``: transpose and reverse rows
+diagonal-future-to-past   general   rows run future to past: reverse them (or pass ``order``)
+========================  ========  ==========================================================
+
+Examples
+--------
+>>> import numpy as np
+>>> from relpos_ref.presets import PRESETS
+>>> weight = np.arange(6.0).reshape(3, 2)  # an HF T5 embedding: 3 buckets, 2 heads
+>>> PRESETS["hf-t5"].to_canonical(weight)
+array([[0., 2., 4.],
+       [1., 3., 5.]])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _xp
+
+__all__ = ["PRESETS", "Preset", "bert_key_query"]
+
+
+def _identity(table: Any, **_: Any) -> Any:
+    return table
+
+
+def _heads_last_to_first(table: Any, *, scale: float = 1.0) -> Any:
+    """``(n, h)`` -> ``(h, n)``, times `scale`."""
+    xp = _xp.array_namespace(table)
+    out = xp.permute_dims(table, (1, 0))
+    return out if scale == 1.0 else out * scale
+
+
+def _reverse_rows(table: Any, **_: Any) -> Any:
+    """Reverse the row axis (-2 for vector tables, -1 for scalar ones)."""
+    xp = _xp.array_namespace(table)
+    return xp.flip(table, axis=-2)
+
+
+def _swin(table: Any, **_: Any) -> Any:
+    """Swin's ``(n, h)`` query-minus-key table -> our ``(h, n)`` key-minus-query table."""
+    xp = _xp.array_namespace(table)
+    return xp.flip(xp.permute_dims(table, (1, 0)), axis=-1)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One implementation's mapping onto a relpos_ref scheme.
+
+    Attributes
+    ----------
+    name : str
+    implementation : str
+        The code it describes (package, module and function or class).
+    scheme : str
+        The relpos_ref scheme that reproduces it.
+    params : mapping
+        Keyword arguments of the scheme's functions that reproduce it.
+    notes : str
+        Each convention that differs, and how it is converted.
+    verified_by : str
+        The test that proves the mapping: a peer test against the installed
+        package, or a worked example transcribed from its code.
+    convert : callable
+        Their table -> our table; see `to_canonical`.
+    """
+
+    name: str
+    implementation: str
+    scheme: str
+    params: Mapping[str, Any]
+    notes: str
+    verified_by: str
+    convert: Callable[..., Any] = field(default=_identity, repr=False)
+
+    def to_canonical(self, table: Any, **options: Any) -> Any:
+        """Convert the implementation's learned table into our canonical layout.
+
+        Parameters
+        ----------
+        table : array
+            As the implementation stores it.
+        **options
+            Preset-specific (``scale`` for x-transformers' T5 bias).
+
+        Returns
+        -------
+        array
+            The table for the scheme's functions.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> PRESETS["diagonal-future-to-past"].to_canonical(np.arange(3.0)[:, None]).ravel()
+        array([2., 1., 0.])
+        """
+        return self.convert(table, **options)
+
+
+def bert_key_query(q: Any, k: Any, table: Any, /) -> Any:
+    r"""HF BERT ``relative_key_query`` positional term, in our conventions.
+
+    .. math:: P_{ij} = q_i \cdot E_{i - j + P - 1} + k_j \cdot E_{i - j + P - 1}
+
+    with ``E`` the ``(2P - 1, d)`` ``distance_embedding`` as HF stores it
+    (self-attention, ``t_q = t_k``, start-aligned). Pass the result as the
+    ``position`` term of `relpos_ref.attention` (it is scaled with ``q . k``).
+
+    Parameters
+    ----------
+    q, k : floating arrays, shape ``(..., t, d)``
+    table : floating array, shape ``(2P - 1, d)``, ``t <= P``
+
+    Returns
+    -------
+    array, shape ``(..., t, t)``
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> q = np.ones((2, 1)); k = np.zeros((2, 1))
+    >>> E = np.asarray([[1.0], [2.0], [3.0]])  # rows for i - j = -1, 0, 1
+    >>> bert_key_query(q, k, E)
+    array([[2., 1.],
+           [3., 2.]])
+    """
+    from .schemes import general_logits
+
+    xp = _xp.array_namespace(q, k, table)
+    t = q.shape[-2]
+    if k.shape[-2] != t:
+        msg = f"`q` and `k` must have the same length (self-attention), got {t} and {k.shape[-2]}"
+        raise ValueError(msg)
+    query_side = general_logits(q, table, t, order="future_to_past")
+    # the key-side term is the query-side term with the roles of i and j swapped
+    key_side = general_logits(k, table, t, order="past_to_future")
+    return query_side + xp.matrix_transpose(key_side)
+
+
+PRESETS: Mapping[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            "tensor2tensor-v1",
+            "tensor2tensor common_attention.dot_product_attention_relative",
+            "shaw",
+            {"beyond": "clip"},
+            "_generate_relative_positions_matrix is j - i clipped to [-K, K], plus K: our "
+            "index, with queries end-aligned (q_offset = t_k - t_q); embeddings (2K+1, depth) "
+            "shared by heads; q scaled before both terms.",
+            "worked example (tests/test_presets.py), tensor2tensor needs TensorFlow 1",
+        ),
+        Preset(
+            "tensor2tensor-v2",
+            "tensor2tensor common_attention.dot_product_self_attention_relative_v2 "
+            "(Music Transformer)",
+            "music",
+            {"beyond": "zero"},
+            "get_relative_embeddings_left holds rows for r = -(M-1) .. 0 in our order; "
+            "longer sequences are padded with zero rows, so distances past the table are 0.",
+            "worked example (tests/test_presets.py)",
+        ),
+        Preset(
+            "hf-bert-relative-key",
+            "transformers BertSelfAttention, position_embedding_type='relative_key'",
+            "general",
+            {"order": "future_to_past"},
+            "distance = position_ids_l - position_ids_r = i - j (query minus key), row "
+            "i - j + P - 1 of distance_embedding (2P - 1, d): our table read future to past; "
+            "the term is added before dividing by sqrt(d), as ours.",
+            "worked example (tests/test_presets.py)",
+        ),
+        Preset(
+            "hf-bert-relative-key-query",
+            "transformers BertSelfAttention, position_embedding_type='relative_key_query'",
+            "general",
+            {"order": "future_to_past"},
+            "as relative_key plus k_j . E[i - j + P - 1]; bert_key_query computes both.",
+            "worked example (tests/test_presets.py)",
+        ),
+        Preset(
+            "hf-t5",
+            "transformers T5Attention.compute_bias / _relative_position_bucket",
+            "t5",
+            {"scale": 1.0, "max_distance": 128},
+            "relative_position = memory - context = j - i (ours); relative_attention_bias "
+            "weight is (num_buckets, h): transpose; no 1/sqrt(d); bidirectional = not decoder.",
+            "peer test (tests/test_peers.py) against transformers",
+            _heads_last_to_first,
+        ),
+        Preset(
+            "x-transformers-t5",
+            "x_transformers RelativePositionBias",
+            "t5",
+            {"max_distance": 128},
+            "rel_pos = k_pos - q_pos with end-aligned queries (ours); embedding (num_buckets, "
+            "h): transpose and multiply by the module's scale; causal=True means "
+            "bidirectional=False.",
+            "peer test (tests/test_peers.py) against x-transformers",
+            _heads_last_to_first,
+        ),
+        Preset(
+            "x-transformers-alibi",
+            "x_transformers AlibiPositionalBias",
+            "alibi",
+            {"symmetric": True},
+            "bias = -|j - i| * slope with end-aligned queries; the same slopes; heads beyond "
+            "`heads` (total_heads) get no bias.",
+            "peer test (tests/test_peers.py) against x-transformers",
+        ),
+        Preset(
+            "bottleneck-transformer",
+            "bottleneck_transformer_pytorch RelPosEmb / rel_to_abs",
+            "grid2d",
+            {},
+            "rel_to_abs is our pad_flatten_reshape with offset l - 1 (key minus query); "
+            "rel_height and rel_width are our row and column tables unchanged.",
+            "peer test (tests/test_peers.py) against bottleneck-transformer-pytorch",
+        ),
+        Preset(
+            "swin",
+            "Swin Transformer WindowAttention.relative_position_bias_table",
+            "swin",
+            {},
+            "relative_coords = coords_q - coords_k (query minus key), table "
+            "((2Wh-1)(2Ww-1), h): transpose and reverse the rows.",
+            "worked example (tests/test_presets.py) transcribing Swin's index code",
+            _swin,
+        ),
+        Preset(
+            "diagonal-future-to-past",
+            "tables whose rows run from the farthest future to the farthest past",
+            "general",
+            {"order": "past_to_future"},
+            "reverse the rows (or keep them and pass order='future_to_past').",
+            "worked example (tests/test_presets.py)",
+            _reverse_rows,
+        ),
+    )
+}
