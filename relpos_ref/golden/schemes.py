@@ -124,8 +124,8 @@ ABSOLUTE = SchemeSpec(
 # -- shaw -------------------------------------------------------------------
 
 
-def _shaw_terms(xp, arrays, p, method):
-    index, valid = sc.shaw_index(
+def _two_sided_index(xp, arrays, p):
+    return sc.shaw_index(
         p["t_q"],
         p["t_k"],
         max_distance=p["K"],
@@ -134,6 +134,10 @@ def _shaw_terms(xp, arrays, p, method):
         xp=xp,
         device=_device(arrays),
     )
+
+
+def _shaw_terms(xp, arrays, p, method):
+    index, valid = _two_sided_index(xp, arrays, p)
     position = sc.shaw_logits(
         arrays["q"],
         arrays["key_table"],
@@ -178,15 +182,7 @@ SHAW = SchemeSpec(
 
 
 def _bias_terms(xp, arrays, p, method):
-    index, valid = sc.shaw_index(
-        p["t_q"],
-        p["t_k"],
-        max_distance=p["K"],
-        q_offset=p["q_offset"],
-        beyond=p["beyond"],
-        xp=xp,
-        device=_device(arrays),
-    )
+    index, valid = _two_sided_index(xp, arrays, p)
     bias = sc.bias_logits(
         arrays["table"], p["t_q"], p["t_k"], q_offset=p["q_offset"], beyond=p["beyond"]
     )

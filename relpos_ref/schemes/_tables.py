@@ -20,6 +20,7 @@ __all__ = [
     "contract_rows",
     "distance_bins",
     "gather_rows",
+    "gather_scalars",
     "gather_valid_rows",
     "table_logits",
     "weighted_rows",
@@ -118,6 +119,18 @@ def gather_rows(table: Any, index: Any) -> Any:
     axis = table.ndim - 2
     flat = xp.take(table, xp.reshape(index, (t_q * t_k,)), axis=axis)
     return xp.reshape(flat, (*table.shape[:axis], t_q, t_k, table.shape[-1]))
+
+
+def gather_scalars(table: Any, index: Any) -> Any:
+    """Entries of a scalar table for every (query, key) pair.
+
+    ``(n,)`` with ``index (t_q, t_k)`` gives ``(t_q, t_k)``; ``(h, n)`` gives
+    ``(h, t_q, t_k)``.
+    """
+    xp = _xp.array_namespace(table, index)
+    t_q, t_k = index.shape
+    flat = xp.take(table, xp.reshape(index, (t_q * t_k,)), axis=table.ndim - 1)
+    return xp.reshape(flat, (*table.shape[:-1], t_q, t_k))
 
 
 def contract_rows(q: Any, rows: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 from .. import _xp
 from .._validate import nonnegative_int
 from ..attention import attention
-from ._tables import check_table
+from ._tables import check_table, gather_scalars
 from .shaw import shaw_index
 
 __all__ = ["bias_attention", "bias_logits"]
@@ -58,8 +58,7 @@ def bias_logits(
     index, valid = shaw_index(
         t_q, t_k, max_distance=(n - 1) // 2, q_offset=q_offset, beyond=beyond, xp=xp, device=dev
     )
-    out = xp.take(table, xp.reshape(index, (t_q * t_k,)), axis=table.ndim - 1)
-    out = xp.reshape(out, (*table.shape[:-1], t_q, t_k))
+    out = gather_scalars(table, index)
     return xp.where(valid, out, xp.zeros((), dtype=table.dtype, device=dev))
 
 

@@ -20,7 +20,7 @@ from .. import _xp
 from .._validate import positive_int
 from ..attention import attention
 from ..positions import grid_positions
-from ._tables import check_table
+from ._tables import check_table, gather_scalars
 
 __all__ = ["swin_attention", "swin_bias", "swin_index"]
 
@@ -85,10 +85,7 @@ def swin_bias(table: Any, /, window_height: int, window_width: int) -> Any:
     ww = positive_int("window_width", window_width)
     n = (2 * wh - 1) * (2 * ww - 1)
     check_table("table", table, None, rows=n, rows_rule=" = (2Wh - 1)(2Ww - 1)", scalar=True)
-    index = swin_index(wh, ww, xp=xp, device=_xp.device(table))
-    tokens = wh * ww
-    out = xp.take(table, xp.reshape(index, (tokens * tokens,)), axis=table.ndim - 1)
-    return xp.reshape(out, (*table.shape[:-1], tokens, tokens))
+    return gather_scalars(table, swin_index(wh, ww, xp=xp, device=_xp.device(table)))
 
 
 def swin_attention(

@@ -32,7 +32,7 @@ from .. import _xp
 from .._validate import nonnegative_int, positive_int
 from ..attention import attention
 from ..positions import relative_positions
-from ._tables import check_table
+from ._tables import check_table, gather_scalars
 
 __all__ = ["t5_attention", "t5_bias", "t5_bucket", "t5_bucket_boundaries"]
 
@@ -187,8 +187,7 @@ def t5_bias(
     bucket = t5_bucket(
         r, num_buckets=table.shape[-1], max_distance=max_distance, bidirectional=bidirectional
     )
-    out = xp.take(table, xp.reshape(bucket, (t_q * t_k,)), axis=table.ndim - 1)
-    return xp.reshape(out, (*table.shape[:-1], t_q, t_k))
+    return gather_scalars(table, bucket)
 
 
 def t5_attention(
