@@ -18,7 +18,7 @@ import numpy as np
 from .dtypes import FLOAT_DTYPES, numpy_dtype
 from .schemes import COMMON_DEFAULTS, SCHEMES, SchemeSpec
 
-__all__ = ["Case", "CaseRegistry", "default_cases"]
+__all__ = ["Case", "CaseRegistry", "default_cases", "select_ids"]
 
 _VARIANT = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _POSITIVE = (
@@ -152,6 +152,21 @@ class Case:
         return out
 
 
+def select_ids(ids: Sequence[str], patterns: Sequence[str], *, hint: str) -> set[str]:
+    """The ids matching any glob in `patterns`; a glob that matches none is an error.
+
+    Examples
+    --------
+    >>> sorted(select_ids(["a/x", "b/x"], ["a/*"], hint=""))
+    ['a/x']
+    """
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(i, pattern) for i in ids):
+            msg = f"--select {pattern!r} matches no case; {hint}"
+            raise ValueError(msg)
+    return {i for i in ids if any(fnmatch.fnmatchcase(i, p) for p in patterns)}
+
+
 class CaseRegistry:
     """An ordered set of cases with unique ids.
 
@@ -203,14 +218,9 @@ class CaseRegistry:
                     raise ValueError(msg)
             cases = [c for c in cases if c.dtype in dtypes]
         if patterns:
-            for pattern in patterns:
-                if not any(fnmatch.fnmatchcase(c.id, pattern) for c in cases):
-                    msg = (
-                        f"--select {pattern!r} matches no case; "
-                        "`relpos-ref list` shows the case ids"
-                    )
-                    raise ValueError(msg)
-            cases = [c for c in cases if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
+            keep = select_ids([c.id for c in cases], patterns,
+                              hint="`relpos-ref list` shows the case ids")
+            cases = [c for c in cases if c.id in keep]
         if not cases:
             msg = "the selection contains no case"
             raise ValueError(msg)

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .._xp import device
 from ..attention import allowed_keys, compose_logits, default_scale, masked_softmax
 from .cases import Case
 from .dtypes import SIXTEEN_BIT, numpy_dtype
@@ -93,7 +94,7 @@ def evaluate(
         causal=p["causal"],
         q_offset=p["q_offset"],
         xp=xp,
-        device=_device(q),
+        device=device(q),
     )
     out["weights"] = store(masked_softmax(out["logits"], allowed=allowed))
     output = matmul(out["weights"], v)
@@ -103,12 +104,6 @@ def evaluate(
             output = output + extra
     out["output"] = store(output)
     return out
-
-
-def _device(x: Any) -> Any:
-    from .._xp import device
-
-    return device(x)
 
 
 def golden_arrays(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import schemes as sc
+from .._xp import device
 from ..positions import relative_positions
 
 __all__ = ["COMMON_DEFAULTS", "SCHEMES", "SchemeSpec"]
@@ -93,8 +94,6 @@ def _distance(xp: Any, arrays: Mapping[str, Any], p: Mapping[str, Any]) -> Any:
 
 
 def _device(arrays: Mapping[str, Any]) -> Any:
-    from .._xp import device
-
     return device(arrays["q"])
 
 

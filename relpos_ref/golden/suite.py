@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import __version__
 from ..attention import default_scale
-from .cases import Case
+from .cases import Case, select_ids
 from .compare import ArrayResult, ObtainedError, compare_arrays
 from .dtypes import dtype_name, ulp
 from .fileformat import EXTENSIONS, FORMATS, CorruptFileError, array_sha256, dumps, load
@@ -415,16 +415,14 @@ class Suite:
 
     def select(self, patterns: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """Entries whose id matches any of the globs (all when none is given)."""
-        import fnmatch
-
         entries = list(self.cases.values())
         if not patterns:
             return entries
-        for pattern in patterns:
-            if not any(fnmatch.fnmatchcase(e["id"], pattern) for e in entries):
-                msg = f"--select {pattern!r} matches no case of {self.path}"
-                raise SuiteError(msg)
-        return [e for e in entries if any(fnmatch.fnmatchcase(e["id"], p) for p in patterns)]
+        try:
+            keep = select_ids(list(self.cases), patterns, hint=f"the suite is {self.path}")
+        except ValueError as exc:
+            raise SuiteError(str(exc)) from None
+        return [e for e in entries if e["id"] in keep]
 
     def load(self, case_id: str) -> GoldenCase:
         """Read case `case_id`, checking its file hash first."""
