@@ -42,6 +42,11 @@ from .schemes import (
     alibi_slopes,
     bias_attention,
     bias_logits,
+    deberta_attention,
+    deberta_bucket,
+    deberta_bucket_boundaries,
+    deberta_index,
+    deberta_logits,
     general_attention,
     general_index,
     general_logits,
@@ -66,6 +71,10 @@ from .schemes import (
     t5_bias,
     t5_bucket,
     t5_bucket_boundaries,
+    transformer_xl_attention,
+    transformer_xl_distance,
+    transformer_xl_embedding,
+    transformer_xl_logits,
 )
 
 __version__ = "0.1.0"
@@ -86,6 +95,11 @@ __all__ = [
     "causal_table_index",
     "check_distances_in_table",
     "compose_logits",
+    "deberta_attention",
+    "deberta_bucket",
+    "deberta_bucket_boundaries",
+    "deberta_index",
+    "deberta_logits",
     "default_scale",
     "distance_range",
     "gather",
@@ -123,4 +137,8 @@ __all__ = [
     "table_index",
     "take_per_row",
     "to_relative",
+    "transformer_xl_attention",
+    "transformer_xl_distance",
+    "transformer_xl_embedding",
+    "transformer_xl_logits",
 ]

@@ -19,7 +19,12 @@ x-transformers-alibi      alibi     nothing: ``-m |j - i|``, end-aligned queries
 bottleneck-transformer    grid2d    nothing: ``rel_height``, ``rel_width`` rows key minus query
 swin                      swin      query minus key and ``(n, h)``: transpose and reverse rows
 diagonal-future-to-past   general   rows run future to past: reverse them (or pass ``order``)
+transformer-xl            txl       ``r_net`` weight ``(h d, d_model)``: split heads, transpose
+xlnet                     txl       ``r`` ``(d_model, h, d)``: heads first; ``bi`` = not causal
+hf-deberta-v2             deberta   rows ``i - j + S``: reverse them; ``(2S, h d)``: split heads
 ========================  ========  ==========================================================
+
+(``txl`` is ``transformer_xl``.)
 
 Examples
 --------
@@ -57,6 +62,28 @@ def _reverse_rows(table: Any, **_: Any) -> Any:
     """Reverse the row axis (-2 for vector tables, -1 for scalar ones)."""
     xp = _xp.array_namespace(table)
     return xp.flip(table, axis=-2)
+
+
+def _linear_heads_first(table: Any, *, heads: int) -> Any:
+    """A ``Linear(d_model, h d)`` weight ``(h d, d_model)`` -> ``(h, d_model, d)``."""
+    xp = _xp.array_namespace(table)
+    d_model = table.shape[-1]
+    split = xp.reshape(table, (heads, table.shape[0] // heads, d_model))
+    return xp.permute_dims(split, (0, 2, 1))
+
+
+def _xlnet(table: Any, **_: Any) -> Any:
+    """XLNet's ``r`` ``(d_model, h, d)`` -> ``(h, d_model, d)``."""
+    xp = _xp.array_namespace(table)
+    return xp.permute_dims(table, (1, 0, 2))
+
+
+def _deberta(table: Any, *, heads: int) -> Any:
+    """Projected relative embeddings ``(2S, h d)``, rows ``i - j + S`` -> ``(h, 2S, d)``, ours."""
+    xp = _xp.array_namespace(table)
+    rows = table.shape[0]
+    split = xp.reshape(table, (rows, heads, table.shape[1] // heads))
+    return xp.flip(xp.permute_dims(split, (1, 0, 2)), axis=-2)
 
 
 def _swin(table: Any, **_: Any) -> Any:
@@ -257,6 +284,51 @@ PRESETS: Mapping[str, Preset] = {
             "reverse the rows (or keep them and pass order='future_to_past').",
             "worked example (tests/test_presets.py)",
             _reverse_rows,
+        ),
+        Preset(
+            "transformer-xl",
+            "kimiyoung/transformer-xl RelPartialLearnableMultiHeadAttn (and HF TransfoXL)",
+            "transformer_xl",
+            {"causal": True, "clamp_len": None},
+            "pos_seq = klen-1 .. 0 is i - j (query minus key) with queries after a memory of "
+            "mlen = klen - qlen (our default q_offset); clamp_len clamps it from above (set "
+            "clamp_len=None when theirs is <= 0); R = [sin, cos]; r_net.weight (h d, d_model) "
+            "-> (h, d_model, d) with to_canonical(weight, heads=h); r_w_bias and r_r_bias "
+            "(h, d) are content_bias and position_bias; (AC + BD) * 1/sqrt(d).",
+            "worked example (tests/test_presets.py) transcribing the original PyTorch code; "
+            "HF transformers removed TransfoXL",
+            _linear_heads_first,
+        ),
+        Preset(
+            "xlnet",
+            "transformers XLNetRelativeAttention.rel_attn_core with "
+            "XLNetModel.relative_positional_encoding",
+            "transformer_xl",
+            {"causal": False, "clamp_len": None},
+            "attn_type='bi': pos_seq klen .. -qlen+1 covers future keys too (causal=False); "
+            "'uni' is causal=True; clamp_len > 0 clamps both signs, as ours; r (d_model, h, d) "
+            "-> (h, d_model, d); rel_shift_bnij is our rel_shift of t_q + t_k - 1 columns.",
+            "peer test (tests/test_peers.py) against transformers",
+            _xlnet,
+        ),
+        Preset(
+            "hf-deberta-v2",
+            "transformers DebertaV2 DisentangledSelfAttention (v2 and v3 checkpoints)",
+            "deberta",
+            {"max_position": 512},
+            "relative_pos = i - j (query minus key), row clamp(bucket + S, 0, 2S - 1) with "
+            "S = position_buckets: our rows reversed; pass the projected tables "
+            "key_proj(rel_embeddings) and query_proj(rel_embeddings) (pos_key_proj and "
+            "pos_query_proj when share_att_key is False) through to_canonical(table, heads=h); "
+            "max_position = max_relative_positions; scale 1/sqrt(d (1 + #terms)). p2c reads "
+            "delta(i, j) as the released code does (eq. 4 of the paper writes delta(j, i)); "
+            "with t_q != t_k transformers builds p2c from key-key positions, which only "
+            "works when t_q = t_k: we use the query positions. Buckets equal "
+            "make_log_bucket_position except where its float32 log rounds the ceiling the "
+            "other way (|r| = 1643 for position_buckets=512, max_relative_positions=4096); "
+            "ours is exact.",
+            "peer test (tests/test_peers.py) against transformers, buckets and attention",
+            _deberta,
         ),
     )
 }

@@ -333,3 +333,109 @@ def rope_rotate(x: np.ndarray, offset: int, base: float, rotary_dim: int, layout
             )
             out[(*idx, a_i)], out[(*idx, b_i)] = z.real, z.imag
     return out
+
+
+def sinusoid(delta: int, d_model: int, base: float = 10000.0) -> np.ndarray:
+    """Transformer-XL's R_delta: sin(delta w_c) for c < d_model/2, then cos(delta w_c)."""
+    half = d_model // 2
+    out = np.zeros(d_model)
+    for c in range(half):
+        w = 1.0 / base ** (2.0 * c / d_model)
+        out[c] = math.sin(delta * w)
+        out[half + c] = math.cos(delta * w)
+    return out
+
+
+def transformer_xl_position(q, k, w_r, u, v, q_offset, clamp_len, base=10000.0):
+    """Dai et al. eq. (terms b, c, d): q_i.W_R R_{i-j} + u.k_j + v.W_R R_{i-j}, per pair.
+
+    Positions: query i at i + q_offset, key j at j; i - j is query minus key, clamped to
+    [-clamp_len, clamp_len] when clamp_len is given. W_R is (d_model, d) or (h, d_model, d),
+    u and v are (d,) or (h, d) or None.
+    """
+    q, k = (np.asarray(a, dtype=np.float64) for a in (q, k))
+    t_q, d = q.shape[-2:]
+    t_k = k.shape[-2]
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    q = np.broadcast_to(q, (*batch, t_q, d))
+    k = np.broadcast_to(k, (*batch, t_k, d))
+    out = np.zeros((*batch, t_q, t_k))
+    for b in np.ndindex(batch):
+        h = b[-1] if b else 0
+        w = w_r if w_r.ndim == 2 else w_r[h]
+        uh = None if u is None else (u if u.ndim == 1 else u[h])
+        vh = None if v is None else (v if v.ndim == 1 else v[h])
+        for i in range(t_q):
+            for j in range(t_k):
+                delta = (i + q_offset) - j
+                if clamp_len is not None:
+                    delta = max(-clamp_len, min(clamp_len, delta))
+                rel = sinusoid(delta, w.shape[0], base)
+                p = [sum(rel[m] * w[m, c] for m in range(w.shape[0])) for c in range(d)]
+                total = sum(q[(*b, i, c)] * p[c] for c in range(d))
+                if uh is not None:
+                    total += sum(uh[c] * k[(*b, j, c)] for c in range(d))
+                if vh is not None:
+                    total += sum(vh[c] * p[c] for c in range(d))
+                out[(*b, i, j)] = total
+    return out
+
+
+def deberta_bucket(r: int, bucket_size: int, max_position: int) -> int:
+    """He et al. (DeBERTa v2 code) log bucket: exact up to mid, then
+    sign(r) (mid + ceil(log(|r|/mid) / log((max_position-1)/mid) (mid-1))), in 60 digits."""
+    from decimal import Decimal, localcontext
+
+    mid = bucket_size // 2
+    if abs(r) <= mid:
+        return r
+    with localcontext() as ctx:
+        ctx.prec = 60
+        x = (Decimal(abs(r)) / mid).ln() / (Decimal(max_position - 1) / mid).ln() * (mid - 1)
+        nearest = x.to_integral_value()
+        up = int(nearest) if abs(x - nearest) < Decimal(10) ** -40 else math.ceil(x)
+    b = mid + up
+    return b if r > 0 else -b
+
+
+def deberta_position(q, k, key_table, query_table, q_offset, max_position):
+    """He et al. eq. (4) as DeBERTa's released code computes it, in its own indexing: the
+    relative position matrix R[a, b] = bucket(pos_a - pos_b) of (query, key) pairs, rows
+    clamp(R + S, 0, 2S - 1) of a 2S-row table for c2p = q_i . K_r[...]; p2c gathers, for key
+    j, column clamp(-R[j, i] + S) of k_j Q_r^T (the paper writes delta(j, i) here; the code's
+    -R[j, i] is delta(i, j)). Our canonical tables are DeBERTa's reversed, so they are
+    reversed back here first."""
+    q, k = (np.asarray(a, dtype=np.float64) for a in (q, k))
+    t_q, d = q.shape[-2:]
+    t_k = k.shape[-2]
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    q = np.broadcast_to(q, (*batch, t_q, d))
+    k = np.broadcast_to(k, (*batch, t_k, d))
+    theirs = [None if t is None else np.flip(np.asarray(t, dtype=np.float64), axis=-2)
+              for t in (key_table, query_table)]
+    span = next(t.shape[-2] for t in theirs if t is not None) // 2
+
+    def bucket(x):
+        return x if max_position is None else deberta_bucket(x, span, max_position)
+
+    def row(x):
+        return max(0, min(2 * span - 1, bucket(x) + span))
+
+    def neg_row(x):
+        return max(0, min(2 * span - 1, -bucket(x) + span))
+
+    out = np.zeros((*batch, t_q, t_k))
+    for b in np.ndindex(batch):
+        h = b[-1] if b else 0
+        for i in range(t_q):
+            for j in range(t_k):
+                pos_i = i + q_offset
+                total = 0.0
+                if theirs[0] is not None:
+                    rel = table_row(theirs[0], h, row(pos_i - j))
+                    total += sum(q[(*b, i, c)] * rel[c] for c in range(d))
+                if theirs[1] is not None:
+                    rel = table_row(theirs[1], h, neg_row(j - pos_i))
+                    total += sum(k[(*b, j, c)] * rel[c] for c in range(d))
+                out[(*b, i, j)] = total
+    return out

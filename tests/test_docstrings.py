@@ -28,6 +28,8 @@ MODULES = [
     "relpos_ref.schemes.alibi",
     "relpos_ref.schemes.swin",
     "relpos_ref.schemes.rope",
+    "relpos_ref.schemes.transformer_xl",
+    "relpos_ref.schemes.deberta",
     "relpos_ref.golden",
     "relpos_ref.golden.cases",
     "relpos_ref.golden.dtypes",

@@ -159,6 +159,18 @@ def _reference_terms(case, x):
     raise AssertionError(s)
 
 
+def _reference_position(case, x):
+    """Schemes whose terms are not a key row dotted with q: their whole position term."""
+    p = case.parameters
+    if case.scheme == "transformer_xl":
+        return ref.transformer_xl_position(
+            x["q"], x["k"], x["w_r"], x.get("content_bias"), x.get("position_bias"),
+            p["q_offset"], p["clamp_len"],
+        )
+    return ref.deberta_position(x["q"], x["k"], x.get("key_table"), x.get("query_table"),
+                                p["q_offset"], p["max_position"])
+
+
 @pytest.mark.parametrize("case", FLOAT64, ids=lambda c: c.id)
 def test_goldens_equal_the_loop_reference(case):
     inputs = case.inputs()
@@ -170,10 +182,18 @@ def test_goldens_equal_the_loop_reference(case):
         x["q"] = ref.rope_rotate(x["q"], p["q_offset"], p["base"], rd, p["layout"])
         x["k"] = ref.rope_rotate(x["k"], 0, p["base"], rd, p["layout"])
         np.testing.assert_allclose(got["q_rotated"], x["q"], rtol=0, atol=1e-12)
-    out, weights, position = ref.relative_attention(
-        x["q"], x["k"], x["v"], scale=p["scale"], mask=x.get("mask"), causal=p["causal"],
-        q_offset=p["q_offset"], **_reference_terms(case, x),
-    )
+    if case.scheme in ("transformer_xl", "deberta"):
+        position = _reference_position(case, x)
+        s = p["scale"] if p["scale"] is not None else 1 / np.sqrt(p["d"])
+        out, weights = ref.attention(
+            x["q"], x["k"], x["v"], scale=s, bias=s * position, mask=x.get("mask"),
+            causal=p["causal"], q_offset=p["q_offset"],
+        )
+    else:
+        out, weights, position = ref.relative_attention(
+            x["q"], x["k"], x["v"], scale=p["scale"], mask=x.get("mask"), causal=p["causal"],
+            q_offset=p["q_offset"], **_reference_terms(case, x),
+        )
     np.testing.assert_allclose(got["output"], out, rtol=0, atol=1e-12)
     np.testing.assert_allclose(got["weights"], weights, rtol=0, atol=1e-12)
     if "position" in got:

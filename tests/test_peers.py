@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -85,3 +87,107 @@ def test_relposemb_equals_grid2d(height, width):
     ours = rp.grid2d_logits(q.numpy(), module.rel_height.detach().numpy(),
                             module.rel_width.detach().numpy(), height=height, width=width)
     np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("bucket_size", "max_position"),
+    [(256, 512), (256, 1024), (8, 32), (64, 512), (32, 128), (4, 10), (3, 7), (512, 4096)],
+)
+def test_deberta_buckets_equal_hf_transformers(bucket_size, max_position):
+    dv2 = _need("transformers.models.deberta_v2.modeling_deberta_v2")
+    r = torch.arange(-3 * max_position, 3 * max_position + 1)
+    theirs = dv2.make_log_bucket_position(r, bucket_size, max_position).numpy().astype(np.int64)
+    theirs = np.clip(theirs, -bucket_size, bucket_size)  # ours caps |b| at the table's end
+    ours = rp.deberta_bucket(r.numpy(), bucket_size=bucket_size, max_position=max_position)
+    differ = np.nonzero(ours != theirs)[0]
+    # transformers takes the log in float32; it may only differ where the exact value of
+    # the ceiling's argument is within float32 rounding of an integer
+    mid = bucket_size // 2
+    for n in differ:
+        a = abs(int(r[n]))
+        x = math.log(a / mid) / math.log((max_position - 1) / mid) * (mid - 1)
+        assert abs(x - round(x)) < 1e-5, (int(r[n]), x)
+        assert abs(int(ours[n]) - int(theirs[n])) == 1
+    assert len(differ) <= 2
+
+
+@pytest.mark.parametrize(
+    ("terms", "share", "buckets", "t"),
+    [(["c2p", "p2c"], True, 8, 40), (["c2p", "p2c"], False, 16, 9), (["c2p"], True, 8, 20),
+     (["p2c"], False, 4, 12), (["c2p", "p2c"], True, 0, 10)],
+)
+def test_deberta_v2_attention_equals_hf_transformers(terms, share, buckets, t):
+    dv2 = _need("transformers.models.deberta_v2.modeling_deberta_v2")
+    torch.manual_seed(0)
+    heads, d = 2, 8
+    config = dv2.DebertaV2Config(
+        hidden_size=heads * d, num_attention_heads=heads, position_buckets=buckets,
+        max_relative_positions=32, relative_attention=True, pos_att_type=terms,
+        share_att_key=share, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )
+    layer = dv2.DisentangledSelfAttention(config).double().eval()
+    span = buckets if buckets > 0 else 32
+    hidden = torch.randn(1, t, heads * d, dtype=torch.float64)
+    rel_embeddings = torch.randn(2 * span, heads * d, dtype=torch.float64)
+    with torch.no_grad():
+        context, probs = layer(hidden, torch.ones(1, 1, t, t, dtype=torch.bool),
+                               output_attentions=True, rel_embeddings=rel_embeddings)
+
+        def split(x):  # (1, t, h d) -> (1, h, t, d)
+            return x.view(1, t, heads, d).permute(0, 2, 1, 3).numpy()
+
+        q, k, v = (split(proj(hidden)) for proj in (layer.query_proj, layer.key_proj,
+                                                    layer.value_proj))
+        key_proj = layer.key_proj if share else getattr(layer, "pos_key_proj", None)
+        query_proj = layer.query_proj if share else getattr(layer, "pos_query_proj", None)
+        convert = PRESETS["hf-deberta-v2"].to_canonical
+        key_table = convert(key_proj(rel_embeddings).numpy(), heads=heads) \
+            if "c2p" in terms else None
+        query_table = convert(query_proj(rel_embeddings).numpy(), heads=heads) \
+            if "p2c" in terms else None
+    out, w = rp.deberta_attention(q, k, v, key_table, query_table,
+                                  max_position=32 if buckets > 0 else None, return_weights=True)
+    # transformers computes its scale as a float32 tensor: agreement to ~1e-7
+    np.testing.assert_allclose(w, probs.numpy(), rtol=0, atol=1e-6)
+    ours = out.transpose(0, 2, 1, 3).reshape(1, t, heads * d)
+    np.testing.assert_allclose(ours, context.numpy(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("attn_type", "clamp_len", "qlen", "mlen"),
+                         [("bi", -1, 5, 3), ("bi", 3, 6, 0), ("uni", -1, 4, 4), ("uni", 2, 3, 5)])
+def test_xlnet_relative_attention_equals_transformer_xl(attn_type, clamp_len, qlen, mlen):
+    xl = _need("transformers.models.xlnet.modeling_xlnet")
+    torch.manual_seed(1)
+    heads, d = 2, 8
+    config = xl.XLNetConfig(d_model=16, n_head=heads, d_head=d, n_layer=1, d_inner=32,
+                            attn_type=attn_type, clamp_len=clamp_len, dropout=0.0)
+    model = xl.XLNetModel(config).double().eval()
+    attn = model.layer[0].rel_attn
+    for p in (attn.r_w_bias, attn.r_r_bias, attn.r):
+        torch.nn.init.normal_(p)
+    klen = qlen + mlen
+    q = torch.randn(qlen, 1, heads, d, dtype=torch.float64)
+    k, v = (torch.randn(klen, 1, heads, d, dtype=torch.float64) for _ in range(2))
+    mask = None
+    if attn_type == "uni":  # XLNetModel's causal mask, memory visible
+        mask = torch.triu(torch.ones(qlen, klen, dtype=torch.float64), diagonal=1 + mlen)
+        mask = mask[:, :, None, None]
+    with torch.no_grad():
+        pos_emb = model.relative_positional_encoding(qlen, klen, bsz=1).double()
+        k_r = torch.einsum("ibh,hnd->ibnd", pos_emb, attn.r)
+        vec, prob = attn.rel_attn_core(q, k, v, k_r, attn_mask=mask, output_attentions=True)
+
+    def heads_first(x):  # (t, b, h, d) -> (b, h, t, d)
+        return x.permute(1, 2, 0, 3).numpy()
+
+    preset = PRESETS["xlnet"]
+    out, w = rp.transformer_xl_attention(
+        heads_first(q), heads_first(k), heads_first(v),
+        preset.to_canonical(attn.r.detach().numpy()),
+        attn.r_w_bias.detach().numpy(), attn.r_r_bias.detach().numpy(),
+        clamp_len=None if clamp_len <= 0 else clamp_len, causal=attn_type == "uni",
+        return_weights=True,
+    )
+    # XLNet builds the sinusoids in float32: agreement to ~1e-7
+    np.testing.assert_allclose(out, heads_first(vec), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(w, prob.permute(2, 3, 0, 1).numpy(), rtol=0, atol=1e-6)

@@ -12,7 +12,8 @@ RNG = np.random.default_rng(7)
 
 
 def test_every_preset_names_a_scheme_and_how_it_is_verified():
-    schemes = {"shaw", "music", "general", "t5", "alibi", "grid2d", "swin"}
+    schemes = {"shaw", "music", "general", "t5", "alibi", "grid2d", "swin", "transformer_xl",
+               "deberta"}
     for preset in PRESETS.values():
         assert preset.scheme in schemes and preset.notes and preset.verified_by
         assert preset.name in PRESETS and preset.implementation
@@ -98,3 +99,52 @@ def test_future_to_past_tables_reversed_equal_the_canonical_order():
 def test_bert_key_query_needs_self_attention():
     with pytest.raises(ValueError, match="same length"):
         bert_key_query(np.zeros((2, 3)), np.zeros((3, 3)), np.zeros((5, 3)))
+
+
+def _transformer_xl_original(w_q, w_k, w_v, r_net, r_w_bias, r_r_bias, mem_len, clamp_len):
+    """kimiyoung/transformer-xl RelPartialLearnableMultiHeadAttn, transcribed (one batch).
+
+    w_q (qlen, n, d); w_k, w_v (klen, n, d); r_net (n d, d_model) a Linear weight.
+    """
+    qlen, n_head, d_head = w_q.shape
+    klen = w_k.shape[0]
+    d_model = r_net.shape[1]
+    pos_seq = np.arange(klen - 1, -1, -1.0)
+    if clamp_len > 0:
+        pos_seq = np.minimum(pos_seq, clamp_len)
+    inv_freq = 1 / (10000 ** (np.arange(0.0, d_model, 2.0) / d_model))
+    sinusoid_inp = np.outer(pos_seq, inv_freq)
+    pos_emb = np.concatenate([np.sin(sinusoid_inp), np.cos(sinusoid_inp)], axis=-1)
+    r_head_k = (pos_emb @ r_net.T).reshape(klen, n_head, d_head)
+    ac = np.einsum("ind,jnd->ijn", w_q + r_w_bias, w_k)
+    bd = np.einsum("ind,jnd->ijn", w_q + r_r_bias, r_head_k)
+    # _rel_shift: zero column in front, view as (klen + 1, qlen), drop the first row
+    padded = np.concatenate([np.zeros((qlen, 1, n_head)), bd], axis=1)
+    bd = padded.reshape(klen + 1, qlen, n_head)[1:].reshape(qlen, klen, n_head)
+    score = (ac + bd) / np.sqrt(d_head)
+    mask = np.triu(np.ones((qlen, klen)), k=1 + mem_len).astype(bool)
+    score = np.where(mask[:, :, None], -np.inf, score)
+    prob = np.exp(score - score.max(axis=1, keepdims=True))
+    prob /= prob.sum(axis=1, keepdims=True)
+    return np.einsum("ijn,jnd->ind", prob, w_v), prob
+
+
+@pytest.mark.parametrize(("qlen", "mem_len", "clamp_len"), [(4, 0, 0), (3, 5, 0), (5, 4, 3)])
+def test_transformer_xl_original_code(qlen, mem_len, clamp_len):
+    heads, d, d_model = 2, 4, 6
+    klen = qlen + mem_len
+    w_q = RNG.standard_normal((qlen, heads, d))
+    w_k, w_v = (RNG.standard_normal((klen, heads, d)) for _ in range(2))
+    r_net = RNG.standard_normal((heads * d, d_model))
+    r_w_bias, r_r_bias = (RNG.standard_normal((heads, d)) for _ in range(2))
+    theirs, prob = _transformer_xl_original(w_q, w_k, w_v, r_net, r_w_bias, r_r_bias, mem_len,
+                                            clamp_len)
+    preset = PRESETS["transformer-xl"]
+    params = {**preset.params, "clamp_len": clamp_len if clamp_len > 0 else None}
+    out, w = rp.transformer_xl_attention(
+        w_q.transpose(1, 0, 2), w_k.transpose(1, 0, 2), w_v.transpose(1, 0, 2),
+        preset.to_canonical(r_net, heads=heads), r_w_bias, r_r_bias, return_weights=True,
+        **params,
+    )
+    np.testing.assert_allclose(out, theirs.transpose(1, 0, 2), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(w, prob.transpose(2, 0, 1), rtol=1e-12, atol=1e-12)

@@ -23,11 +23,20 @@ SCHEMES = {
     "bias": lambda q, k, v, t, m, **kw: rp.bias_attention(q, k, v, t[..., 0], **kw),
     "music": lambda q, k, v, t, m, **kw: rp.music_attention(q, k, v, t, t[..., :3], method=m, **kw),
     "general": lambda q, k, v, t, m, **kw: rp.general_attention(q, k, v, t, method=m, **kw),
+    # w_r (d_model = 6, d), without the biases u and v (they are not positional)
+    "transformer_xl": lambda q, k, v, t, m, **kw: rp.transformer_xl_attention(
+        q, k, v, t, method=m, **kw
+    ),
+    # the same table for c2p and p2c, S = 4, log buckets from |r| > 2
+    "deberta": lambda q, k, v, t, m, **kw: rp.deberta_attention(
+        q, k, v, t, t, max_position=6, method=m, **kw
+    ),
 }
 
 
 def _table(name, rng, t, d=4):
-    rows = {"shaw": 5, "bias": 5, "music": t, "general": 2 * t - 1}[name]
+    rows = {"shaw": 5, "bias": 5, "music": t, "general": 2 * t - 1, "transformer_xl": 6,
+            "deberta": 8}[name]
     return rng.standard_normal((rows, d))
 
 
@@ -39,7 +48,8 @@ def test_zero_tables_reduce_to_plain_attention(backend, name, method):
     table = backend.asarray(np.zeros_like(_table(name, rng, 5)))
     causal = name == "music"
     got = SCHEMES[name](q, k, v, table, method, causal=causal)
-    want = rp.attention(q, k, v, causal=causal)
+    scale = 1 / np.sqrt(3 * 4) if name == "deberta" else None  # 1 / sqrt(d (1 + 2 terms))
+    want = rp.attention(q, k, v, causal=causal, scale=scale)
     np.testing.assert_allclose(backend.to_numpy(got), backend.to_numpy(want), rtol=1e-12)
 
 

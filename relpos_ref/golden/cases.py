@@ -23,6 +23,7 @@ __all__ = ["Case", "CaseRegistry", "default_cases", "select_ids"]
 _VARIANT = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _POSITIVE = (
     "b", "h", "t_q", "t_k", "d", "K", "M", "t_max", "height", "width", "buckets", "max_distance",
+    "d_model", "span", "max_position",
 )
 
 
@@ -289,6 +290,20 @@ def _base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
                                       "q_offset": 6, "causal": True}),
         ("rope", "interleaved", {"h": 2, "t_q": 9, "t_k": 9, "d": 8, "layout": "interleaved",
                                  "base": 100.0}),
+        # transformer_xl: a memory before the segment, causal, through rel_shift
+        ("transformer_xl", "memory", {"h": 2, "t_q": 6, "t_k": 16, "d": 8, "q_offset": 10,
+                                      "per_head": True}),
+        ("transformer_xl", "clamped", {"h": 3, "t_q": 8, "t_k": 12, "d": 8, "q_offset": 4,
+                                       "clamp_len": 3, "masked": True}),
+        ("transformer_xl", "bidirectional", {"h": 2, "t_q": 5, "t_k": 9, "d": 8, "q_offset": 4,
+                                             "causal": False, "d_model": 6, "biases": False}),
+        # deberta: c2p and p2c, log buckets, t_q != t_k
+        ("deberta", "log-buckets", {"h": 2, "t_q": 24, "t_k": 24, "d": 8, "span": 8,
+                                    "max_position": 16, "per_head": True}),
+        ("deberta", "cross-offset", {"h": 3, "t_q": 5, "t_k": 11, "d": 8, "span": 4,
+                                     "q_offset": 3, "masked": True}),
+        ("deberta", "c2p-only", {"h": 2, "t_q": 7, "t_k": 7, "d": 8, "span": 3, "p2c": False,
+                                 "causal": True}),
     ]
 
 
@@ -298,8 +313,10 @@ def default_cases() -> CaseRegistry:
     Examples
     --------
     >>> reg = default_cases()
-    >>> sorted({c.scheme for c in reg})
-    ['absolute', 'alibi', 'bias', 'general', 'grid2d', 'music', 'rope', 'shaw', 'swin', 't5']
+    >>> len(reg), len({c.scheme for c in reg})
+    (144, 12)
+    >>> sorted({c.scheme for c in reg})[:6]
+    ['absolute', 'alibi', 'bias', 'deberta', 'general', 'grid2d']
     """
     return CaseRegistry(
         Case.make(scheme, variant, dtype=dtype, **params)

@@ -9,6 +9,7 @@ shared.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -414,8 +415,99 @@ ROPE = SchemeSpec(
     has_efficient=lambda p: False,
 )
 
+# -- transformer_xl ---------------------------------------------------------
+
+
+def _txl_biases(arrays):
+    return arrays.get("content_bias"), arrays.get("position_bias")
+
+
+def _txl_terms(xp, arrays, p, method):
+    delta = sc.transformer_xl_distance(
+        p["t_q"], p["t_k"], q_offset=p["q_offset"], clamp_len=p["clamp_len"], xp=xp,
+        device=_device(arrays),
+    )
+    position = sc.transformer_xl_logits(
+        arrays["q"], arrays["k"], arrays["w_r"], *_txl_biases(arrays), q_offset=p["q_offset"],
+        clamp_len=p["clamp_len"], method=method,
+    )
+    return {"distance": _distance(xp, arrays, p), "delta": delta, "position": position}
+
+
+def _txl_tables(p):
+    out = {"w_r": _rows(p, p["d_model"], p["d"])}
+    if p["biases"]:
+        out["content_bias"] = _rows(p, p["d"], None)
+        out["position_bias"] = _rows(p, p["d"], None)
+    return out
+
+
+TRANSFORMER_XL = SchemeSpec(
+    name="transformer_xl",
+    defaults={"d_model": 8, "clamp_len": None, "biases": True, "causal": True},
+    label=lambda p: f"R{p['d_model']}" + ("" if p["clamp_len"] is None else f"-C{p['clamp_len']}"),
+    tables=_txl_tables,
+    terms=_txl_terms,
+    attention=lambda a, p, m: sc.transformer_xl_attention(
+        a["q"], a["k"], a["v"], a["w_r"], *_txl_biases(a), clamp_len=p["clamp_len"],
+        q_offset=p["q_offset"], method=m, **_common(a, p),
+    ),
+)
+
+# -- deberta ----------------------------------------------------------------
+
+
+def _deberta_tables(p):
+    out = {}
+    if p["c2p"]:
+        out["key_table"] = _rows(p, 2 * p["span"], p["d"])
+    if p["p2c"]:
+        out["query_table"] = _rows(p, 2 * p["span"], p["d"])
+    return out
+
+
+def _deberta_terms(xp, arrays, p, method):
+    r = _distance(xp, arrays, p)
+    index = sc.deberta_index(
+        p["t_q"], p["t_k"], span=p["span"], max_position=p["max_position"],
+        q_offset=p["q_offset"], xp=xp, device=_device(arrays),
+    )
+    position = sc.deberta_logits(
+        arrays["q"], arrays["k"], arrays.get("key_table"), arrays.get("query_table"),
+        max_position=p["max_position"], q_offset=p["q_offset"], method=method,
+    )
+    out = {"distance": r, "index": index, "position": position}
+    if p["max_position"] is not None:
+        out["bucket"] = sc.deberta_bucket(r, bucket_size=p["span"], max_position=p["max_position"])
+    return out
+
+
+def _deberta_scale(p):
+    # DeBERTa's 1 / sqrt(d (1 + #terms)), resolved into the case's parameters
+    if p["scale"] is not None:
+        return {}
+    return {"scale": 1.0 / math.sqrt(p["d"] * (1 + int(p["c2p"]) + int(p["p2c"])))}
+
+
+DEBERTA = SchemeSpec(
+    name="deberta",
+    defaults={"span": 8, "max_position": None, "c2p": True, "p2c": True},
+    label=lambda p: f"S{p['span']}"
+    + ("" if p["max_position"] is None else f"-P{p['max_position']}"),
+    tables=_deberta_tables,
+    terms=_deberta_terms,
+    attention=lambda a, p, m: sc.deberta_attention(
+        a["q"], a["k"], a["v"], a.get("key_table"), a.get("query_table"),
+        max_position=p["max_position"], q_offset=p["q_offset"], method=m, **_common(a, p),
+    ),
+    derive=_deberta_scale,
+)
+
 #: Every scheme the golden suite knows, by name.
 SCHEMES: Mapping[str, SchemeSpec] = {
     s.name: s
-    for s in (ABSOLUTE, SHAW, BIAS, MUSIC, GENERAL, GRID2D, T5, ALIBI, SWIN, ROPE)
+    for s in (
+        ABSOLUTE, SHAW, BIAS, MUSIC, GENERAL, GRID2D, T5, ALIBI, SWIN, ROPE, TRANSFORMER_XL,
+        DEBERTA,
+    )
 }

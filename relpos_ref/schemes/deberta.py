@@ -1,0 +1,376 @@
+r"""DeBERTa's disentangled attention (He et al. 2021).
+
+Each score adds, to the content term, a content-to-position (c2p) and a
+position-to-content (p2c) term read from two relative tables of ``2 S`` rows
+(``S``, the attention span, is half the rows):
+
+.. math::
+    e_{ij} = s\,\bigl(q_i \cdot k_j
+             + q_i \cdot K^r_{\text{row}(b_{ij})}
+             + k_j \cdot Q^r_{\text{row}(b_{ij})}\bigr),
+    \qquad s = \frac{1}{\sqrt{d \cdot f}},\quad f = 1 + \#\text{terms},
+
+with ``b = bucket(r)`` the bucketed key-minus-query distance and
+``row(u) = clamp(u, -(S - 1), S) + S - 1``.
+
+Canonical rows run past to future, row ``u + S - 1`` for ``u = -(S-1) .. S``
+(the range has one more future row than past rows). DeBERTa's own code indexes
+the same table by ``δ = i - j``, row ``δ + S``: its rows are ours in reverse
+order (`relpos_ref.presets` converts them).
+
+Both terms read the row of the same pair distance. Eq. (4) of the paper
+writes ``δ(j, i)`` for p2c (the opposite sign), but the released code,
+Microsoft's and HF transformers', reads ``δ(i, j)`` for both terms, and every
+published checkpoint was trained with it; we follow the code (peer-tested
+against transformers' ``DisentangledSelfAttention``).
+
+Buckets: without `max_position`, ``b = r`` (DeBERTa v1). With it, log
+buckets of size ``S`` (DeBERTa v2 and v3, ``position_buckets``): with
+``m = S // 2``, distances ``|r| <= m`` are exact and larger ones are
+``sign(r) (m + ceil(log(|r| / m) / log((max_position - 1) / m) (m - 1)))``.
+The ceiling is evaluated exactly, by integer comparisons on the host, so no
+logarithm is taken on the arrays.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from .. import _xp
+from .._validate import as_int, nonnegative_int, positive_int
+from ..attention import attention, default_scale
+from ..layouts import take_per_row
+from ..positions import relative_positions
+from ._tables import check_method, check_table, contract_rows, gather_rows, table_logits
+
+__all__ = [
+    "deberta_attention",
+    "deberta_bucket",
+    "deberta_bucket_boundaries",
+    "deberta_index",
+    "deberta_logits",
+]
+
+
+def _bucket_parameters(bucket_size: int, max_position: int) -> tuple[int, int]:
+    bucket_size = positive_int("bucket_size", bucket_size)
+    max_position = positive_int("max_position", max_position)
+    mid = bucket_size // 2
+    if mid < 1:
+        msg = f"`bucket_size` must be >= 2 for log buckets, got {bucket_size}"
+        raise ValueError(msg)
+    if max_position - 1 <= mid:
+        msg = (
+            f"`max_position` must exceed bucket_size // 2 + 1 = {mid + 1} "
+            f"(bucket_size={bucket_size}), got {max_position}"
+        )
+        raise ValueError(msg)
+    return mid, max_position - 1
+
+
+@lru_cache(maxsize=64)
+def deberta_bucket_boundaries(bucket_size: int, max_position: int) -> tuple[int, ...]:
+    """Smallest ``|r|`` that reaches each log bucket ``m + 1 .. bucket_size``.
+
+    ``bucket(a) >= m + t`` holds when
+    ``a^(m-1) m^(t-1) > (max_position - 1)^(t-1) m^(m-1)``, the ceiling in
+    DeBERTa's formula written without logarithms; it is decided with Python
+    integers, exactly.
+
+    Parameters
+    ----------
+    bucket_size, max_position : int
+        As in `deberta_bucket`.
+
+    Returns
+    -------
+    tuple of int
+        ``boundaries[t - 1]`` is the smallest ``a > m`` with bucket at least
+        ``m + t``, for ``t = 1 .. bucket_size - m``; empty when ``m = 1``
+        (every ``a > 1`` shares bucket 1).
+
+    Examples
+    --------
+    >>> deberta_bucket_boundaries(8, 32)  # m = 4: exact up to 4, then 5 .. 8
+    (5, 8, 16, 32)
+    """
+    mid, top = _bucket_parameters(bucket_size, max_position)
+    if mid == 1:
+        return ()
+    out = []
+    a = mid + 1
+    for t in range(1, bucket_size - mid + 1):
+        rhs = top ** (t - 1) * mid ** (mid - 1)
+        step = mid ** (t - 1)
+
+        def reached(x: int, rhs: int = rhs, step: int = step) -> bool:
+            return x ** (mid - 1) * step > rhs
+
+        low, high = a, a
+        while not reached(high):
+            low, high = high + 1, 2 * high
+        while low < high:
+            middle = (low + high) // 2
+            if reached(middle):
+                high = middle
+            else:
+                low = middle + 1
+        a = low
+        out.append(a)
+    return tuple(out)
+
+
+def deberta_bucket(r: Any, /, *, bucket_size: int, max_position: int) -> Any:
+    """DeBERTa's log bucket of each distance, an odd function of `r`.
+
+    Parameters
+    ----------
+    r : integer array
+        Distances (either sign convention: ``bucket(-r) = -bucket(r)``).
+    bucket_size : int
+        ``S``, DeBERTa's ``position_buckets`` (>= 2): distances up to
+        ``S // 2`` are exact.
+    max_position : int
+        DeBERTa's ``max_relative_positions``: where the log spacing reaches
+        bucket ``S - 1``.
+
+    Returns
+    -------
+    array
+        Same shape and dtype as `r`. Magnitudes are capped at `bucket_size`:
+        every larger bucket lands on the end rows of the tables just as
+        ``±bucket_size`` does, so nothing downstream changes.
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> deberta_bucket(xp.asarray([-40, -9, -5, -4, 0, 3, 4, 5, 7, 8, 15, 16, 31, 32]),
+    ...                bucket_size=8, max_position=32)
+    array([-8, -6, -5, -4,  0,  3,  4,  5,  5,  6,  6,  7,  7,  8])
+    """
+    xp = _xp.array_namespace(r)
+    mid, _ = _bucket_parameters(bucket_size, max_position)
+    bounds = deberta_bucket_boundaries(bucket_size, max_position)
+    dev = _xp.device(r)
+    a = xp.abs(r)
+    if bounds:
+        edges = xp.asarray(bounds, dtype=r.dtype, device=dev)
+        steps = xp.sum(xp.astype(a[..., None] >= edges, r.dtype), axis=-1)
+    else:
+        steps = xp.zeros((), dtype=r.dtype, device=dev)
+    magnitude = xp.where(a <= mid, a, mid + steps)
+    return xp.where(r < 0, -magnitude, magnitude)
+
+
+def _span(name: str, table: Any) -> int:
+    rows = table.shape[-2]
+    if rows == 0 or rows % 2:
+        msg = f"`{name}` must have 2 S rows (even, S >= 1), got shape {tuple(table.shape)}"
+        raise ValueError(msg)
+    return rows // 2
+
+
+def deberta_index(
+    t_q: int,
+    t_k: int,
+    /,
+    *,
+    span: int,
+    max_position: int | None = None,
+    q_offset: int = 0,
+    xp: Any,
+    device: Any = None,
+) -> Any:
+    r"""Canonical table row of every (query, key) pair, for both c2p and p2c.
+
+    .. math:: \text{row}_{ij} = \operatorname{clamp}(b_{ij}, -(S-1), S) + S - 1,
+              \qquad b_{ij} = \text{bucket}(r_{ij})
+
+    Parameters
+    ----------
+    t_q, t_k : int
+        Number of queries and keys.
+    span : int
+        ``S``: the tables have ``2 S`` rows.
+    max_position : int, optional
+        Log buckets of size `span` up to `max_position`; ``None`` for none
+        (``b = r``).
+    q_offset : int, optional
+        Position of query 0.
+    xp : namespace
+        Array API namespace of the result.
+    device : optional
+        Device of the result.
+
+    Returns
+    -------
+    array, shape ``(t_q, t_k)``
+        Integer rows in ``0 .. 2S - 1``.
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> deberta_index(3, 3, span=2, xp=xp)  # rows for u = -1, 0, 1, 2
+    array([[1, 2, 3],
+           [0, 1, 2],
+           [0, 0, 1]])
+    """
+    span = positive_int("span", span)
+    t_q = nonnegative_int("t_q", t_q)
+    t_k = nonnegative_int("t_k", t_k)
+    r = relative_positions(t_q, t_k, q_offset=as_int("q_offset", q_offset), xp=xp, device=device)
+    b = r if max_position is None else deberta_bucket(
+        r, bucket_size=span, max_position=max_position
+    )
+    return xp.clip(b, -(span - 1), span) + (span - 1)
+
+
+def deberta_logits(
+    q: Any,
+    k: Any,
+    key_table: Any = None,
+    query_table: Any = None,
+    /,
+    *,
+    max_position: int | None = None,
+    q_offset: int = 0,
+    method: str = "efficient",
+) -> Any:
+    r"""c2p plus p2c: :math:`q_i \cdot K^r_{\text{row}_{ij}} + k_j \cdot Q^r_{\text{row}_{ij}}`.
+
+    Unscaled; `deberta_attention` scales it with the content term.
+
+    Parameters
+    ----------
+    q : floating array, shape ``(..., t_q, d)``
+    k : floating array, shape ``(..., t_k, d)``
+    key_table : floating array, shape ``(2S, d)`` or ``(h, 2S, d)``, optional
+        ``K^r``, the relative embeddings projected by the key projection;
+        omitted, there is no c2p term.
+    query_table : floating array, shape ``(2S, d)`` or ``(h, 2S, d)``, optional
+        ``Q^r``, projected by the query projection; omitted, no p2c term.
+    max_position : int, optional
+        Log buckets (DeBERTa v2/v3) up to this distance; ``None``, exact
+        distances (v1).
+    q_offset : int, optional
+        Position of query 0.
+    method : {"efficient", "definition"}, optional
+        ``"definition"`` gathers ``(t_q, t_k, d)`` tensors of rows;
+        ``"efficient"`` multiplies by the ``2S`` rows once and gathers the
+        products (DeBERTa's own algorithm), memory ``O(t_q t_k + (t_q + t_k) S)``.
+
+    Returns
+    -------
+    array, shape ``(..., t_q, t_k)``
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> q = xp.asarray([[1.0], [1.0]]); k = xp.asarray([[0.0], [10.0]])
+    >>> Kr = xp.asarray([[-1.0], [0.0], [1.0], [2.0]])  # S = 2: u = -1, 0, 1, 2
+    >>> deberta_logits(q, k, Kr)  # c2p only: q_i . Kr[row(j - i)]
+    array([[ 0.,  1.],
+           [-1.,  0.]])
+    >>> deberta_logits(q, k, None, Kr)  # p2c only: k_j . Kr[row(j - i)]
+    array([[ 0., 10.],
+           [ 0.,  0.]])
+    """
+    xp = _xp.array_namespace(q, k, key_table, query_table)
+    check_method(method)
+    tables = {"key_table": key_table, "query_table": query_table}
+    spans = set()
+    for name, table in tables.items():
+        if table is not None:
+            check_table(name, table, q, width=q.shape[-1])
+            spans.add(_span(name, table))
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    dev = _xp.device(q)
+    out = xp.zeros((*q.shape[:-2], t_q, t_k), dtype=q.dtype, device=dev)
+    if not spans:
+        return out
+    if len(spans) > 1:
+        msg = (
+            "`key_table` and `query_table` must have the same number of rows, got shapes "
+            f"{tuple(key_table.shape)} and {tuple(query_table.shape)}"
+        )
+        raise ValueError(msg)
+    index = deberta_index(
+        t_q, t_k, span=spans.pop(), max_position=max_position, q_offset=q_offset, xp=xp,
+        device=dev,
+    )
+    if key_table is not None:
+        if method == "definition":
+            out = out + contract_rows(q, gather_rows(key_table, index))
+        else:
+            out = out + take_per_row(table_logits(q, key_table), index)
+    if query_table is not None:
+        if method == "definition":
+            rows = gather_rows(query_table, index)  # (..., t_q, t_k, d)
+            out = out + xp.sum(k[..., None, :, :] * rows, axis=-1)
+        else:
+            per_key = table_logits(k, query_table)  # (..., t_k, 2S): one row per key
+            out = out + xp.matrix_transpose(take_per_row(per_key, xp.matrix_transpose(index)))
+    return out
+
+
+def deberta_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    key_table: Any = None,
+    query_table: Any = None,
+    /,
+    *,
+    max_position: int | None = None,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool = False,
+    q_offset: int = 0,
+    method: str = "efficient",
+    return_weights: bool = False,
+) -> Any:
+    r"""Disentangled attention: content, c2p and p2c, scaled by ``1/sqrt(d f)``.
+
+    .. math:: w = \operatorname{softmax}\bigl(s\,(q k^\top + \text{c2p} + \text{p2c})\bigr),
+              \quad s = 1 / \sqrt{d\,(1 + \#\text{tables})}
+
+    Parameters
+    ----------
+    q, k, v : floating arrays ``(..., t_q, d)``, ``(..., t_k, d)``, ``(..., t_k, d_v)``
+    key_table, query_table : floating arrays ``(2S, d)`` or ``(h, 2S, d)``, optional
+        As in `deberta_logits`; each one given adds its term and 1 to ``f``.
+    max_position, method
+        As in `deberta_logits`.
+    scale : float, optional
+        Default ``1 / sqrt(d f)``, DeBERTa's.
+    mask, causal, q_offset, return_weights
+        As in `relpos_ref.attention`.
+
+    Returns
+    -------
+    out : array ``(..., t_q, d_v)``, and the weights with ``return_weights=True``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = rng.standard_normal((3, 2, 6, 8))
+    >>> Kr, Qr = rng.standard_normal((2, 16, 8))  # S = 8
+    >>> out = deberta_attention(q, k, v, Kr, Qr, max_position=32)
+    >>> slow = deberta_attention(q, k, v, Kr, Qr, max_position=32, method="definition")
+    >>> bool(np.allclose(out, slow))
+    True
+    """
+    _xp.array_namespace(q, k, v, key_table, query_table)
+    if scale is None:
+        factor = 1 + sum(t is not None for t in (key_table, query_table))
+        scale = default_scale(q.shape[-1] * factor)
+    position = deberta_logits(
+        q, k, key_table, query_table, max_position=max_position, q_offset=q_offset,
+        method=method,
+    )
+    return attention(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, position=position,
+        return_weights=return_weights,
+    )

@@ -1,0 +1,345 @@
+r"""Transformer-XL's relative attention (Dai et al. 2019), with a memory.
+
+Queries are the last ``t_q`` of ``t_k`` positions: a memory of
+``t_k - t_q`` earlier positions comes first (``q_offset = t_k - t_q``, the
+default here). With ``\delta_{ij} = -r_{ij} = (i + q_\text{offset}) - j``, the
+query-minus-key distance Transformer-XL writes ``i - j``, the score is the
+sum of four terms, scaled together:
+
+.. math::
+    e_{ij} = s\,\bigl(\underbrace{q_i \cdot k_j}_{(a)}
+             + \underbrace{q_i \cdot p_{\delta_{ij}}}_{(b)}
+             + \underbrace{u \cdot k_j}_{(c)}
+             + \underbrace{v \cdot p_{\delta_{ij}}}_{(d)}\bigr),
+    \qquad p_\delta = W_R^\top R_{\text{clamp}(\delta)},
+
+where ``R_δ = [sin(δ ω_0) .. sin(δ ω_{m-1}), cos(δ ω_0) .. cos(δ ω_{m-1})]``
+is the sinusoid of width ``d_model = 2m`` with ``ω_c = base^{-2c / d_model}``,
+``W_R`` is ``(d_model, d)`` (per head ``(h, d_model, d)``), ``u`` and ``v``
+are the learned content and position biases (``r_w_bias`` and ``r_r_bias``
+in the original code), and ``clamp`` limits ``|δ|`` to `clamp_len`.
+
+Future keys (``δ < 0``) get the sinusoid of their negative distance, as in
+XLNet's bidirectional attention; Transformer-XL masks them (``causal=True``,
+the default here) and never looks at their value.
+
+The efficient path computes ``(q_i + v) . p_δ`` once per distance, a
+``t_q x (t_q + t_k - 1)`` matrix whose columns run from the most distant past
+to the most distant future, and lays it out with `relpos_ref.layouts.rel_shift`
+(the slice ``[..., :t_k]`` of the shifted matrix is exact everywhere, for any
+``q_offset``). It never builds a ``(t_q, t_k, d)`` tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .. import _xp
+from .._validate import as_float, as_int, nonnegative_int
+from ..attention import attention
+from ..layouts import rel_shift
+from ..positions import relative_positions
+from ._tables import check_method, check_table, contract_rows
+from .rope import rope_frequencies
+
+__all__ = [
+    "transformer_xl_attention",
+    "transformer_xl_distance",
+    "transformer_xl_embedding",
+    "transformer_xl_logits",
+]
+
+
+def _clamp_len(clamp_len: int | None) -> int | None:
+    return None if clamp_len is None else nonnegative_int("clamp_len", clamp_len)
+
+
+def _end_aligned(t_q: int, t_k: int, q_offset: int | None) -> int:
+    return t_k - t_q if q_offset is None else as_int("q_offset", q_offset)
+
+
+def transformer_xl_distance(
+    t_q: int,
+    t_k: int,
+    /,
+    *,
+    q_offset: int | None = None,
+    clamp_len: int | None = None,
+    xp: Any,
+    device: Any = None,
+) -> Any:
+    r"""Query-minus-key distance ``δ = -r``, clamped to ``[-clamp_len, clamp_len]``.
+
+    .. math:: \delta_{ij} = \operatorname{clamp}\bigl((i + q_\text{offset}) - j,
+              \ -c,\ c\bigr), \quad c = \text{clamp\_len}
+
+    Parameters
+    ----------
+    t_q, t_k : int
+        Number of queries and keys.
+    q_offset : int, optional
+        Position of query 0; default ``t_k - t_q`` (queries after a memory).
+    clamp_len : int, optional
+        Largest ``|δ|`` with a sinusoid of its own; ``None`` for no clamping.
+    xp : namespace
+        Array API namespace of the result.
+    device : optional
+        Device of the result.
+
+    Returns
+    -------
+    array, shape ``(t_q, t_k)``
+        Integer distances, index dtype of `xp`.
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> transformer_xl_distance(2, 5, xp=xp)  # memory of 3
+    array([[ 3,  2,  1,  0, -1],
+           [ 4,  3,  2,  1,  0]])
+    >>> transformer_xl_distance(2, 5, clamp_len=2, xp=xp)
+    array([[ 2,  2,  1,  0, -1],
+           [ 2,  2,  2,  1,  0]])
+    """
+    t_q = nonnegative_int("t_q", t_q)
+    t_k = nonnegative_int("t_k", t_k)
+    c = _clamp_len(clamp_len)
+    q_offset = _end_aligned(t_q, t_k, q_offset)
+    delta = -relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=device)
+    return delta if c is None else xp.clip(delta, -c, c)
+
+
+def transformer_xl_embedding(
+    delta: Any, /, d_model: int, *, dtype: Any, base: float = 10000.0
+) -> Any:
+    r"""Sinusoid ``R_δ`` of each distance: sines first, then cosines.
+
+    .. math:: R_\delta = [\sin(\delta\omega_0), \dots, \sin(\delta\omega_{m-1}),
+              \cos(\delta\omega_0), \dots, \cos(\delta\omega_{m-1})],
+              \qquad \omega_c = \text{base}^{-2c/d_\text{model}}
+
+    Parameters
+    ----------
+    delta : integer array, any shape
+        Distances (already clamped).
+    d_model : int
+        Width of the sinusoid, even (``m = d_model / 2`` frequencies).
+    dtype : floating dtype of the namespace of `delta`
+        Dtype of the result; the angles ``δ ω`` are computed in it.
+    base : float, optional
+        Frequency base, 10000 in the paper.
+
+    Returns
+    -------
+    array, shape ``(*delta.shape, d_model)``
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> R = transformer_xl_embedding(xp.asarray([0, 1]), 4, dtype=xp.float64, base=100.0)
+    >>> R.round(4)  # ω = 1, 0.1
+    array([[0.    , 0.    , 1.    , 1.    ],
+           [0.8415, 0.0998, 0.5403, 0.995 ]])
+    """
+    xp = _xp.array_namespace(delta)
+    d_model = as_int("d_model", d_model)
+    if d_model <= 0 or d_model % 2:
+        msg = f"`d_model` must be even and positive, got {d_model}"
+        raise ValueError(msg)
+    if not xp.isdtype(dtype, "real floating"):
+        msg = f"`dtype` must be a real floating dtype, got {dtype}"
+        raise TypeError(msg)
+    dev = _xp.device(delta)
+    omega = xp.asarray(rope_frequencies(d_model, base=as_float("base", base)), dtype=dtype,
+                       device=dev)
+    angle = xp.astype(delta, dtype)[..., None] * omega
+    return xp.concat([xp.sin(angle), xp.cos(angle)], axis=-1)
+
+
+def _check_projection(w_r: Any, q: Any) -> int:
+    check_table("w_r", w_r, q, width=q.shape[-1])
+    d_model = w_r.shape[-2]
+    if d_model == 0 or d_model % 2:
+        msg = (
+            "`w_r` must have an even, positive number of rows (d_model), "
+            f"got shape {tuple(w_r.shape)}"
+        )
+        raise ValueError(msg)
+    return d_model
+
+
+def _check_bias(name: str, vector: Any, q: Any) -> None:
+    if vector is not None:
+        check_table(name, vector, q, rows=q.shape[-1], rows_rule=" (the feature width d)",
+                    scalar=True)
+
+
+def _per_head_vector(vector: Any) -> Any:
+    # (d,) broadcasts against (..., t, d) as is; (h, d) needs a length-1 axis for t.
+    return vector if vector.ndim == 1 else vector[:, None, :]
+
+
+def _projected_rows(delta: Any, w_r: Any, base: float) -> Any:
+    """``p_δ = R_δ W_R`` for every entry of `delta`: ``(*delta.shape, d)`` or per head."""
+    xp = _xp.array_namespace(delta, w_r)
+    embedding = transformer_xl_embedding(delta, w_r.shape[-2], dtype=w_r.dtype, base=base)
+    if w_r.ndim == 2:
+        return xp.matmul(embedding, w_r)
+    flat = xp.reshape(embedding, (math.prod(delta.shape), w_r.shape[-2]))
+    rows = xp.matmul(flat, w_r)  # (h, n, d)
+    return xp.reshape(rows, (w_r.shape[0], *delta.shape, w_r.shape[-1]))
+
+
+def transformer_xl_logits(
+    q: Any,
+    k: Any,
+    w_r: Any,
+    content_bias: Any = None,
+    position_bias: Any = None,
+    /,
+    *,
+    q_offset: int | None = None,
+    clamp_len: int | None = None,
+    base: float = 10000.0,
+    method: str = "efficient",
+) -> Any:
+    r"""Terms (b) to (d): :math:`(q_i + v) \cdot p_{\delta_{ij}} + u \cdot k_j`, unscaled.
+
+    Parameters
+    ----------
+    q : floating array, shape ``(..., t_q, d)``
+    k : floating array, shape ``(..., t_k, d)``
+    w_r : floating array, shape ``(d_model, d)`` or ``(h, d_model, d)``
+        The projection ``W_R`` of the sinusoids (``r_net`` in the original
+        code, per head); ``d_model`` even.
+    content_bias : floating array, shape ``(d,)`` or ``(h, d)``, optional
+        ``u`` (``r_w_bias``); omitted, term (c) is absent.
+    position_bias : floating array, shape ``(d,)`` or ``(h, d)``, optional
+        ``v`` (``r_r_bias``); omitted, term (d) is absent.
+    q_offset : int, optional
+        Position of query 0; default ``t_k - t_q`` (after the memory).
+    clamp_len : int, optional
+        Distances beyond ``±clamp_len`` use the sinusoid of ``±clamp_len``.
+    base : float, optional
+        Frequency base of the sinusoids.
+    method : {"efficient", "definition"}, optional
+        ``"definition"`` builds ``p_δ`` for every pair, a ``(t_q, t_k, d)``
+        tensor; ``"efficient"`` computes one column per distance and lays
+        them out with `relpos_ref.layouts.rel_shift`, memory
+        ``O(t_q (t_q + t_k))``.
+
+    Returns
+    -------
+    array, shape ``(..., t_q, t_k)``
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> q, k = rng.standard_normal((3, 4)), rng.standard_normal((5, 4))
+    >>> w_r, u, v = rng.standard_normal((6, 4)), rng.standard_normal(4), rng.standard_normal(4)
+    >>> fast = transformer_xl_logits(q, k, w_r, u, v)
+    >>> fast.shape
+    (3, 5)
+    >>> bool(np.allclose(fast, transformer_xl_logits(q, k, w_r, u, v, method="definition")))
+    True
+    """
+    xp = _xp.array_namespace(q, k, w_r, content_bias, position_bias)
+    check_method(method)
+    _check_projection(w_r, q)
+    _check_bias("content_bias", content_bias, q)
+    _check_bias("position_bias", position_bias, q)
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    q_offset = _end_aligned(t_q, t_k, q_offset)
+    dev = _xp.device(q)
+    query = q if position_bias is None else q + _per_head_vector(position_bias)
+    if method == "definition" or t_q == 0 or t_k == 0:
+        delta = transformer_xl_distance(
+            t_q, t_k, q_offset=q_offset, clamp_len=clamp_len, xp=xp, device=dev
+        )
+        out = contract_rows(query, _projected_rows(delta, w_r, base))
+    else:
+        # One column per distance, r = -(t_q - 1 + q_offset) .. t_k - 1 - q_offset.
+        idx = _xp.index_dtype(xp, dev)
+        r = xp.arange(t_q + t_k - 1, dtype=idx, device=dev) - (t_q - 1 + q_offset)
+        c = _clamp_len(clamp_len)
+        delta = -r if c is None else xp.clip(-r, -c, c)
+        per_distance = xp.matmul(query, xp.matrix_transpose(_projected_rows(delta, w_r, base)))
+        out = rel_shift(per_distance)[..., :t_k]
+    if content_bias is not None:
+        u = content_bias[..., :, None]  # (d, 1) or (h, d, 1)
+        out = out + xp.matrix_transpose(xp.matmul(k, u))
+    return out
+
+
+def transformer_xl_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    w_r: Any,
+    content_bias: Any = None,
+    position_bias: Any = None,
+    /,
+    *,
+    clamp_len: int | None = None,
+    base: float = 10000.0,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool = True,
+    q_offset: int | None = None,
+    method: str = "efficient",
+    return_weights: bool = False,
+) -> Any:
+    r"""Transformer-XL attention over a memory and the current segment.
+
+    .. math:: w = \operatorname{softmax}\bigl(s\,(q k^\top + P)\bigr),\quad
+              P_{ij} = (q_i + v) \cdot W_R^\top R_{\text{clamp}(\delta_{ij})} + u \cdot k_j
+
+    Parameters
+    ----------
+    q : floating array ``(..., t_q, d)``
+        Queries of the current segment.
+    k, v : floating arrays ``(..., t_k, d)``, ``(..., t_k, d_v)``
+        Keys and values of the memory followed by the segment
+        (``t_k = mem + t_q``).
+    w_r, content_bias, position_bias
+        As in `transformer_xl_logits`.
+    clamp_len, base, method
+        As in `transformer_xl_logits`.
+    scale : float, optional
+        Default ``1 / sqrt(d)``, Transformer-XL's.
+    mask, return_weights
+        As in `relpos_ref.attention`.
+    causal : bool, optional
+        ``True`` (Transformer-XL's decoder mask, the default) or ``False``
+        (XLNet's bidirectional attention).
+    q_offset : int, optional
+        Position of query 0; default ``t_k - t_q``.
+
+    Returns
+    -------
+    out : array ``(..., t_q, d_v)``, and the weights with ``return_weights=True``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(1)
+    >>> q = rng.standard_normal((2, 3, 4))            # 2 heads, segment of 3
+    >>> k = v = rng.standard_normal((2, 7, 4))        # memory of 4, then the segment
+    >>> w_r, u, bv = rng.standard_normal((8, 4)), rng.standard_normal((2, 4)), np.zeros(4)
+    >>> out, w = transformer_xl_attention(q, k, v, w_r, u, bv, return_weights=True)
+    >>> out.shape, bool(np.all(w[:, 0, 5:] == 0))  # query 0 sits at position 4
+    ((2, 3, 4), True)
+    """
+    _xp.array_namespace(q, k, v, w_r, content_bias, position_bias)
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    q_offset = _end_aligned(t_q, t_k, q_offset)
+    position = transformer_xl_logits(
+        q, k, w_r, content_bias, position_bias, q_offset=q_offset, clamp_len=clamp_len,
+        base=base, method=method,
+    )
+    return attention(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, position=position,
+        return_weights=return_weights,
+    )
