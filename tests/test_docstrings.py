@@ -30,6 +30,7 @@ MODULES = [
     "relpos_ref.schemes.rope",
     "relpos_ref.schemes.transformer_xl",
     "relpos_ref.schemes.deberta",
+    "relpos_ref.blocked",
     "relpos_ref.golden",
     "relpos_ref.golden.cases",
     "relpos_ref.golden.dtypes",
