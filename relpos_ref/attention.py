@@ -179,6 +179,20 @@ def compose_logits(content: Any, /, *, scale: float, position: Any = None, bias:
     return logits if bias is None else logits + bias
 
 
+def _compose_in_place(content: Any, *, scale: float, position: Any, bias: Any) -> Any:
+    # `compose_logits` for a content term this module owns: NumPy adds and scales in place
+    # (one buffer, no temporaries) when no term broadcasts it to a larger shape.
+    terms = [t for t in (position, bias) if t is not None]
+    if type(content).__module__ != "numpy" or any(t.shape != content.shape for t in terms):
+        return compose_logits(content, scale=scale, position=position, bias=bias)
+    if position is not None:
+        content += position
+    content *= scale
+    if bias is not None:
+        content += bias
+    return content
+
+
 def masked_softmax(logits: Any, /, *, allowed: Any = None) -> Any:
     r"""Numerically stable softmax over the last axis, restricted to allowed keys.
 
@@ -293,7 +307,7 @@ def attention(
     )
     content = xp.matmul(q, xp.matrix_transpose(k))
     weights = masked_softmax(
-        compose_logits(content, scale=s, position=position, bias=bias), allowed=allowed
+        _compose_in_place(content, scale=s, position=position, bias=bias), allowed=allowed
     )
     out = xp.matmul(weights, v)
     return (out, weights) if return_weights else out

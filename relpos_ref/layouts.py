@@ -429,8 +429,43 @@ def stacked_diagonals(
         hint="use a table with a larger t_max",
     )
     r_min, r_max = span
+    fast = _numpy_diagonal_view(x, t_k, q_offset=q_offset, order=order)
+    if fast is not None:
+        return fast
     if order == "past_to_future":
         window = x[..., r_min + t_max - 1 : r_max + t_max]
     else:
         window = xp.flip(x[..., t_max - 1 - r_max : t_max - r_min], axis=-1)
     return pad_flatten_reshape(window, t_k, offset=-r_min, q_offset=q_offset)
+
+
+def _numpy_diagonal_view(x: Any, t_k: int, *, q_offset: int, order: str) -> Any:
+    """`stacked_diagonals` of a C-contiguous NumPy array as a strided view (no copy).
+
+    The library-native form beside the standard one: row ``i`` of the result
+    starts ``i`` elements further into the flat buffer of `x` than row ``i``
+    of `x` does (``n - 1`` elements per row for past to future, ``n + 1``
+    and walking backwards for future to past). Returns ``None`` for anything
+    else (other libraries, non-contiguous arrays), which takes the standard
+    path. The view is read-only; the caller's arithmetic copies it.
+    """
+    if type(x).__module__ != "numpy" or not x.flags.c_contiguous or x.size == 0:
+        return None
+    from numpy.lib.stride_tricks import as_strided
+
+    *batch, t_q, n = x.shape
+    t_max = (n + 1) // 2
+    item = x.itemsize
+    if order == "past_to_future":
+        first = t_max - 1 - q_offset  # column of (i, j) = (0, 0)
+        row_step, col_step = n - 1, 1
+    else:
+        first = t_max - 1 + q_offset
+        row_step, col_step = n + 1, -1
+    flat = x.reshape(-1)
+    return as_strided(
+        flat[first:],
+        shape=(*batch, t_q, t_k),
+        strides=(*x.strides[:-2], row_step * item, col_step * item),
+        writeable=False,
+    )

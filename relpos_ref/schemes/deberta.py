@@ -42,7 +42,14 @@ from .._validate import as_int, nonnegative_int, positive_int
 from ..attention import attention, default_scale
 from ..layouts import take_per_row
 from ..positions import relative_positions
-from ._tables import check_method, check_table, contract_rows, gather_rows, table_logits
+from ._tables import (
+    check_method,
+    check_table,
+    contract_rows,
+    count_reached,
+    gather_rows,
+    table_logits,
+)
 
 __all__ = [
     "deberta_attention",
@@ -154,11 +161,7 @@ def deberta_bucket(r: Any, /, *, bucket_size: int, max_position: int) -> Any:
     bounds = deberta_bucket_boundaries(bucket_size, max_position)
     dev = _xp.device(r)
     a = xp.abs(r)
-    if bounds:
-        edges = xp.asarray(bounds, dtype=r.dtype, device=dev)
-        steps = xp.sum(xp.astype(a[..., None] >= edges, r.dtype), axis=-1)
-    else:
-        steps = xp.zeros((), dtype=r.dtype, device=dev)
+    steps = count_reached(a, bounds) if bounds else xp.zeros((), dtype=r.dtype, device=dev)
     magnitude = xp.where(a <= mid, a, mid + steps)
     return xp.where(r < 0, -magnitude, magnitude)
 

@@ -72,6 +72,15 @@ def general_index(
     array([[2, 1, 0],
            [3, 2, 1]])
     """
+    t_q, t_k, t_max, q_offset = _check_grid(t_q, t_k, t_max, q_offset, order)
+    r = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=device)
+    return r + (t_max - 1) if order == "past_to_future" else (t_max - 1) - r
+
+
+def _check_grid(
+    t_q: int, t_k: int, t_max: int, q_offset: int, order: str
+) -> tuple[int, int, int, int]:
+    # Host-side: lengths within the table and every distance in it.
     t_q = nonnegative_int("t_q", t_q)
     t_k = nonnegative_int("t_k", t_k)
     t_max = positive_int("t_max", t_max)
@@ -90,8 +99,7 @@ def general_index(
         what=f"t_max={t_max}",
         hint="use a table with a larger t_max",
     )
-    r = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=device)
-    return r + (t_max - 1) if order == "past_to_future" else (t_max - 1) - r
+    return t_q, t_k, t_max, q_offset
 
 
 def _t_max(table: Any) -> int:
@@ -144,11 +152,12 @@ def general_logits(
     check_table("table", table, q, width=q.shape[-1])
     t_max = _t_max(table)
     t_q = q.shape[-2]
-    index = general_index(
-        t_q, t_k, t_max=t_max, q_offset=q_offset, order=order, xp=xp, device=_xp.device(q)
-    )
     if method == "definition":
+        index = general_index(
+            t_q, t_k, t_max=t_max, q_offset=q_offset, order=order, xp=xp, device=_xp.device(q)
+        )
         return contract_rows(q, gather_rows(table, index))
+    _check_grid(t_q, t_k, t_max, q_offset, order)
     return stacked_diagonals(table_logits(q, table), t_k, q_offset=q_offset, order=order)
 
 

@@ -32,7 +32,7 @@ from .. import _xp
 from .._validate import nonnegative_int, positive_int
 from ..attention import attention
 from ..positions import relative_positions
-from ._tables import check_table, gather_scalars
+from ._tables import check_table, count_reached, gather_scalars
 
 __all__ = ["t5_attention", "t5_bias", "t5_bucket", "t5_bucket_boundaries"]
 
@@ -136,11 +136,7 @@ def t5_bucket(
     else:
         base = zero
         a = xp.where(r < zero, -r, zero)
-    if bounds:
-        edges = xp.asarray(bounds, dtype=r.dtype, device=dev)
-        steps = xp.sum(xp.astype(a[..., None] >= edges, r.dtype), axis=-1)
-    else:
-        steps = zero
+    steps = count_reached(a, bounds) if bounds else zero
     large = max_exact + steps
     return base + xp.where(a < max_exact, a, large)
 

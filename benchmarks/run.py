@@ -1,0 +1,309 @@
+"""relpos_ref benchmark suite: every ratio measured in one run, on one backend.
+
+Run ``python benchmarks/run.py`` (``--help`` for options). It prints a table and
+writes a JSON file (machine, library versions, date, every measurement) to
+``benchmarks/results/``. Reported:
+
+1. each scheme's attention against plain `relpos_ref.attention` (same backend,
+   dtype and shapes), median of ``--repeat`` timed calls after a warm-up;
+2. ``method="efficient"`` against ``method="definition"`` at ``--t-definition``
+   (the definition builds ``(t_q, t_k, d)`` tensors: it does not fit at 1024);
+3. the peer baseline: HF BERT ``relative_key``, which gathers a
+   ``(t_q, t_k, d)`` embedding tensor and contracts it with einsum (torch, CPU);
+4. peak memory: tracemalloc on NumPy, the allocator's peak on torch CUDA and CuPy;
+5. `relpos_ref.blocked` at ``--t-blocked`` (one head), time and peak memory;
+6. the targets of issue 7, each marked met or missed.
+
+Timings are for comparing within one run; the machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import relpos_ref as rp
+from relpos_ref import backends
+from relpos_ref.blocked import blocked_attention
+
+
+def _timed(backend: Any, fn: Callable[[], Any], repeat: int) -> float:
+    backend.synchronize(fn())  # warm-up (and compilation, caches)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        backend.synchronize(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _timed_against(backend: Any, fn: Callable[[], Any], baseline: Callable[[], Any],
+                   repeat: int) -> tuple[float, float]:
+    """Median times of `fn` and `baseline`, calls interleaved so that both see the same load."""
+    backend.synchronize(fn())
+    backend.synchronize(baseline())
+    ours, base = [], []
+    for _ in range(repeat):
+        for call, into in ((fn, ours), (baseline, base)):
+            start = time.perf_counter()
+            backend.synchronize(call())
+            into.append(time.perf_counter() - start)
+    return statistics.median(ours), statistics.median(base)
+
+
+def _peak_bytes(backend: Any, fn: Callable[[], Any]) -> int | None:
+    gc.collect()
+    if backend.name == "numpy":
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        result = fn()
+        peak = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+        del result
+        return peak
+    if backend.name == "torch":
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        backend.synchronize(fn())
+        return torch.cuda.max_memory_allocated() - base
+    if backend.name == "cupy":
+        import cupy
+
+        pool = cupy.get_default_memory_pool()
+        pool.free_all_blocks()
+        base = pool.used_bytes()
+        result = fn()
+        backend.synchronize(result)
+        peak = pool.total_bytes() - base
+        del result
+        return peak
+    return None
+
+
+def _inputs(backend, dtype, heads, t, d, seed=0):
+    rng = np.random.default_rng(seed)
+
+    def arr(*shape):
+        return backend.from_numpy(rng.standard_normal(shape).astype(dtype))
+
+    return arr, tuple(arr(1, heads, t, d) for _ in range(3))
+
+
+def scheme_cases(arr, heads: int, t: int, d: int, k_max: int) -> dict[str, Callable]:
+    """name -> call(q, k, v, method) for every scheme at these shapes."""
+    key, value = arr(2 * k_max + 1, d), arr(2 * k_max + 1, d)
+    full = arr(2 * t - 1, d)
+    music = arr(t, d)
+    bias = arr(heads, 2 * k_max + 1)
+    t5 = arr(heads, 32)
+    rows, cols = arr(heads, 2 * 32 - 1, d), arr(heads, 2 * (t // 32) - 1, d)
+    w_r, u, bv = arr(heads, d, d), arr(heads, d), arr(heads, d)
+    deberta = arr(heads, 512, d)
+    return {
+        "plain": lambda q, k, v, m: rp.attention(q, k, v),
+        f"shaw K={k_max} keys": lambda q, k, v, m: rp.shaw_attention(q, k, v, key, method=m),
+        f"shaw K={k_max} keys+values": lambda q, k, v, m: rp.shaw_attention(
+            q, k, v, key, value, method=m),
+        f"general t_max={t}": lambda q, k, v, m: rp.general_attention(q, k, v, full, method=m),
+        f"music M={t} causal": lambda q, k, v, m: rp.music_attention(q, k, v, music, method=m),
+        f"bias K={k_max}": lambda q, k, v, m: rp.bias_attention(q, k, v, bias),
+        "t5 32 buckets": lambda q, k, v, m: rp.t5_attention(q, k, v, t5),
+        "alibi": lambda q, k, v, m: rp.alibi_attention(q, k, v),
+        "rope": lambda q, k, v, m: rp.rope_attention(q, k, v),
+        f"grid2d 32x{t // 32}": lambda q, k, v, m: rp.grid2d_attention(
+            q, k, v, rows, cols, height=32, width=t // 32, method=m),
+        "transformer_xl": lambda q, k, v, m: rp.transformer_xl_attention(
+            q, k, v, w_r, u, bv, method=m),
+        "deberta S=256": lambda q, k, v, m: rp.deberta_attention(
+            q, k, v, deberta, deberta, max_position=512, method=m),
+    }
+
+
+_NO_DEFINITION = ("plain", "bias", "t5", "alibi", "rope")
+
+
+def bert_relative_key(q, k, v, embedding, k_max):
+    """HF BertSelfAttention, position_embedding_type='relative_key' (torch, transcribed)."""
+    import torch
+
+    t = q.shape[-2]
+    position_ids_l = torch.arange(t).view(-1, 1)
+    position_ids_r = torch.arange(t).view(1, -1)
+    distance = (position_ids_l - position_ids_r).clamp(-k_max, k_max)
+    positional_embedding = embedding[distance + k_max]  # (t, t, d)
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    scores = scores + torch.einsum("bhld,lrd->bhlr", q, positional_embedding)
+    scores = scores / (q.shape[-1] ** 0.5)
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def _versions(backend) -> dict[str, str]:
+    out = {"python": platform.python_version(), "numpy": np.__version__,
+           "relpos_ref": rp.__version__}
+    for name in ("torch", "cupy", "jax", "array_api_compat"):
+        module = sys.modules.get(name)
+        if module is not None:
+            out[name] = getattr(module, "__version__", "?")
+    return out
+
+
+def _machine(backend) -> dict[str, Any]:
+    info = {"platform": platform.platform(), "processor": platform.processor(),
+            "cpu_count": os.cpu_count(), "backend": backend.name}
+    if backend.name in ("cupy", "torch"):
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                info["gpu"] = torch.cuda.get_device_name(0)
+        except ImportError:
+            pass
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="numpy", choices=backends.names())
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--t", type=int, default=1024)
+    parser.add_argument("--d", type=int, default=64)
+    parser.add_argument("--k-max", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--t-definition", type=int, default=256)
+    parser.add_argument("--t-blocked", type=int, default=32768,
+                        help="sequence length for relpos_ref.blocked (0 skips)")
+    parser.add_argument("--block-size", type=int, default=1024)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args(argv)
+    backend = backends.get(args.backend)
+    reason = backend.unavailable_reason()
+    if reason is not None:
+        print(f"backend {args.backend!r} is not available: {reason}", file=sys.stderr)
+        return 2
+    if args.t % 32:
+        parser.error(f"--t must be a multiple of 32 (the grid2d case), got {args.t}")
+    t, d, h = args.t, args.d, args.heads
+    arr, (q, k, v) = _inputs(backend, args.dtype, h, t, d)
+    cases = scheme_cases(arr, h, t, d, args.k_max)
+    results: dict[str, Any] = {"schemes": [], "methods": [], "peer": None, "blocked": []}
+    def plain_call():
+        return cases["plain"](q, k, v, "efficient")
+
+    print(f"{backend.name} {args.dtype}  batch 1, {h} heads, t = {t}, d = {d}  "
+          f"(median of {args.repeat}, each scheme interleaved with plain attention)")
+    print(f"{'scheme':<28} {'time ms':>9} {'vs plain':>9} {'peak MiB':>9}")
+    for name, call in cases.items():
+        seconds, plain = _timed_against(
+            backend, lambda call=call: call(q, k, v, "efficient"), plain_call, args.repeat)
+        peak = _peak_bytes(backend, lambda call=call: call(q, k, v, "efficient"))
+        row = {"scheme": name, "seconds": seconds, "plain_seconds": plain,
+               "ratio_to_plain": seconds / plain, "peak_bytes": peak}
+        results["schemes"].append(row)
+        mib = "n/a" if peak is None else f"{peak / 2**20:.0f}"
+        print(f"{name:<28} {seconds * 1e3:9.1f} {seconds / plain:8.2f}x {mib:>9}")
+
+    td = args.t_definition
+    arr_d, (qd, kd, vd) = _inputs(backend, args.dtype, h, td, d, seed=1)
+    small = scheme_cases(arr_d, h, td, d, args.k_max)
+    print(f"\nefficient vs definition, t = {td}")
+    print(f"{'scheme':<28} {'efficient':>9} {'definition':>10} {'speed-up':>9} "
+          f"{'peak eff':>9} {'peak def':>9}")
+    for name, call in small.items():
+        if name.split()[0] in _NO_DEFINITION:
+            continue
+        fast = _timed(backend, lambda call=call: call(qd, kd, vd, "efficient"), args.repeat)
+        slow = _timed(backend, lambda call=call: call(qd, kd, vd, "definition"), 3)
+        pf = _peak_bytes(backend, lambda call=call: call(qd, kd, vd, "efficient"))
+        ps = _peak_bytes(backend, lambda call=call: call(qd, kd, vd, "definition"))
+        results["methods"].append({"scheme": name, "t": td, "efficient_seconds": fast,
+                                   "definition_seconds": slow, "efficient_peak_bytes": pf,
+                                   "definition_peak_bytes": ps})
+        mib = [("n/a" if p is None else f"{p / 2**20:.0f}") for p in (pf, ps)]
+        print(f"{name:<28} {fast * 1e3:8.1f}m {slow * 1e3:9.1f}m {slow / fast:8.1f}x "
+              f"{mib[0]:>9} {mib[1]:>9}")
+
+    shaw_keys = next(r for r in results["schemes"] if r["scheme"].endswith("keys"))
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        gen = torch.Generator().manual_seed(0)
+        tq, tk, tv = (torch.randn(1, h, t, d, generator=gen, dtype=getattr(torch, args.dtype))
+                      for _ in range(3))
+        emb = torch.randn(2 * args.k_max + 1, d, generator=gen, dtype=tq.dtype)
+        peer = _timed(backends.get("numpy"), lambda: bert_relative_key(tq, tk, tv, emb,
+                                                                       args.k_max), args.repeat)
+        results["peer"] = {"name": "HF BERT relative_key (torch CPU, einsum over (t, t, d))",
+                           "seconds": peer,
+                           "ratio_to_our_shaw_keys": peer / shaw_keys["seconds"]}
+        print(f"\npeer: HF BERT relative_key on torch CPU {peer * 1e3:.1f} ms = "
+              f"{peer / shaw_keys['seconds']:.2f}x our shaw (keys, {backend.name})")
+
+    if args.t_blocked:
+        tb = args.t_blocked
+        arr_b, (qb, kb, vb) = _inputs(backend, args.dtype, 1, tb, d, seed=2)
+        key = arr_b(2 * args.k_max + 1, d)
+        print(f"\nrelpos_ref.blocked, t = {tb}, 1 head, d = {d}, block {args.block_size}")
+        for name, tables, causal in (("plain", (), False), ("plain", (), True),
+                                     ("shaw", (key, key), True)):
+            def call(name=name, tables=tables, causal=causal):
+                return blocked_attention(qb, kb, vb, *tables, scheme=name, causal=causal,
+                                         block_size=args.block_size)
+            start = time.perf_counter()
+            peak = _peak_bytes(backend, call)
+            seconds = time.perf_counter() - start
+            results["blocked"].append({"scheme": name, "causal": causal, "t": tb,
+                                       "seconds": seconds, "peak_bytes": peak})
+            mib = "n/a" if peak is None else f"{peak / 2**20:.0f} MiB"
+            print(f"{name + (' causal' if causal else ''):<28} {seconds:8.1f} s  peak {mib}")
+
+    ratio = {r["scheme"]: r["ratio_to_plain"] for r in results["schemes"]}
+    general = ratio[f"general t_max={t}"]
+    shaw = ratio[f"shaw K={args.k_max} keys+values"]
+    targets = [("general (t_max = t) <= 1.6x plain", general, general <= 1.6),
+               (f"shaw K={args.k_max} keys+values <= 1.3x plain", shaw, shaw <= 1.3)]
+    if results["peer"] is not None:
+        p = results["peer"]["ratio_to_our_shaw_keys"]
+        targets.append(("peer BERT einsum >= 2x our shaw", p, p >= 2.0))
+    for row in results["blocked"]:
+        if row["peak_bytes"] is not None:
+            gib = row["peak_bytes"] / 2**30
+            targets.append((f"blocked {row['scheme']} t={row['t']} peak < 2 GiB", gib, gib < 2))
+    print("\ntargets (issue 7)")
+    for text, value, met in targets:
+        print(f"  {'met   ' if met else 'MISSED'} {text}: {value:.2f}")
+    results["targets"] = [{"target": a, "value": b, "met": c} for a, b, c in targets]
+    results["config"] = vars(args) | {"out": str(args.out)}
+    results["machine"] = _machine(backend)
+    results["versions"] = _versions(backend)
+    results["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = args.out / f"{stamp}-{backend.name}-{args.dtype}.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

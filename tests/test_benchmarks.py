@@ -1,0 +1,30 @@
+"""The benchmark command runs end to end at toy sizes (it asserts structure, never timings)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_benchmark_suite_runs_and_writes_its_json(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    code = bench.main(["--t", "64", "--heads", "2", "--d", "8", "--k-max", "4", "--repeat", "1",
+                       "--t-definition", "32", "--t-blocked", "256", "--block-size", "64",
+                       "--out", str(tmp_path)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "targets (issue 7)" in printed and "vs plain" in printed
+    (path,) = tmp_path.glob("*-numpy-float32.json")
+    report = json.loads(path.read_text())
+    schemes = {row["scheme"] for row in report["schemes"]}
+    assert {"plain", "general t_max=64", "transformer_xl", "deberta S=256"} <= schemes
+    assert all(row["seconds"] > 0 and row["peak_bytes"] > 0 for row in report["schemes"])
+    assert all(row["definition_peak_bytes"] > row["efficient_peak_bytes"]
+               for row in report["methods"])
+    assert report["machine"]["backend"] == "numpy" and report["versions"]["numpy"]
+    assert {t["target"].split()[0] for t in report["targets"]} >= {"general", "shaw", "blocked"}
