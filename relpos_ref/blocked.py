@@ -33,8 +33,9 @@ from ._progress import Progress
 from ._validate import as_int, broadcast_shapes, check_choice, positive_int
 from .attention import allowed_keys, check_qkv, compose_logits, default_scale
 from .layouts import take_per_row
-from .positions import BEYOND_POLICIES, check_distances_in_table, grid_positions
+from .positions import check_distances_in_table, grid_positions
 from .schemes._tables import check_table, table_logits
+from .schemes.music import _check_beyond as check_music_beyond
 
 __all__ = ["BLOCKED_SCHEMES", "blocked_attention"]
 
@@ -153,10 +154,8 @@ def _plan_music(xp, q, k, tables, p, ctx):
     beyond = p.get("beyond", "clip")
     sc.music_logits(q[..., :1, :], table, 1, beyond=beyond, method="definition")
     m = table.shape[-2]
-    check_choice("beyond", beyond, BEYOND_POLICIES)
-    if beyond == "error":
-        check_distances_in_table(ctx["t_q"], ctx["t_k"], q_offset=ctx["q_offset"],
-                                 low=-(m - 1), high=max(ctx["t_k"], 1), what=f"length={m}")
+    # the unblocked scheme's own host check: past distances beyond the table under "error"
+    check_music_beyond(ctx["t_q"], ctx["t_k"], m, ctx["q_offset"], beyond)
     policy = "zero" if beyond == "zero" else "clip"
     dev = _xp.device(q)
 
@@ -179,7 +178,6 @@ def _plan_general(xp, q, k, tables, p, ctx):
     order = p.get("order", "past_to_future")
     sc.general_logits(q[..., :1, :], table, 1, order=order)  # validates the table
     t_max = (table.shape[-2] + 1) // 2
-    sc.general_index(0, 0, t_max=t_max, order=order, xp=xp)
     check_distances_in_table(ctx["t_q"], ctx["t_k"], q_offset=ctx["q_offset"],
                              low=-(t_max - 1), high=t_max - 1, what=f"t_max={t_max}",
                              hint="use a table with a larger t_max")
