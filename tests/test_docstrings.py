@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import doctest
 import importlib
 import inspect
 
 import pytest
+from _doctest import run_docstring_examples
 
 import relpos_ref
 
@@ -43,9 +43,7 @@ MODULES = [
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples_run(name):
     module = importlib.import_module(name)
-    result = doctest.testmod(
-        module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False
-    )
+    result = run_docstring_examples(module)
     assert result.attempted > 0 or name in ("relpos_ref._xp", "relpos_ref._validate")
     assert result.failed == 0
 

@@ -165,7 +165,7 @@ def distance_bins(
     inside the table hold one weight each (read exactly, by
     `relpos_ref.layouts.to_relative`); with ``clip=True`` the first row also
     collects every key before ``low`` and, if ``clip_future``, the last row
-    every key after ``high`` (prefix sums). ``W @ table`` then equals
+    every key after ``high`` (one masked row sum each). ``W @ table`` then equals
     ``sum_j w_ij table[row(r_ij)]`` without a ``(t_q, t_k, d)`` tensor.
     """
     xp = _xp.array_namespace(weights)

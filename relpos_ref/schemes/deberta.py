@@ -78,7 +78,7 @@ def _bucket_parameters(bucket_size: int, max_position: int) -> tuple[int, int]:
 
 @lru_cache(maxsize=64)
 def deberta_bucket_boundaries(bucket_size: int, max_position: int) -> tuple[int, ...]:
-    """Smallest ``|r|`` that reaches each log bucket ``m + 1 .. bucket_size``.
+    """Smallest ``|r|`` that reaches each log bucket from ``m + 1`` to ``bucket_size``.
 
     ``bucket(a) >= m + t`` holds when
     ``a^(m-1) m^(t-1) > (max_position - 1)^(t-1) m^(m-1)``, the ceiling in

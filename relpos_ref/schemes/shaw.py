@@ -9,8 +9,8 @@ and a policy for ``|r| > K``: ``"clip"`` (the paper), ``"zero"`` or ``"error"``.
 
 The efficient path never builds a ``(t_q, t_k, d)`` tensor: the key term is
 ``q a^K^T`` (``t_q x (2K+1)``) laid out by the table index, and the value
-term bins the weights by distance (exact entries for ``|r| < K``, prefix sums
-for the clipped ends) and multiplies the ``t_q x (2K+1)`` bins by ``a^V``.
+term bins the weights by distance (exact entries for ``|r| < K``, masked row
+sums for the clipped ends) and multiplies the ``t_q x (2K+1)`` bins by ``a^V``.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def _halves(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[i
 def t5_bucket_boundaries(
     num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
 ) -> tuple[int, ...]:
-    """Smallest ``a`` that reaches each log-spaced bucket, ``n//2 + 1 .. n - 1``.
+    """Smallest ``a`` that reaches each log-spaced bucket, from ``n//2 + 1`` to ``n - 1``.
 
     Parameters
     ----------

@@ -1,0 +1,255 @@
+"""The docs are tested: code blocks run, worked tables match the code, every
+public function, scheme and layout has its page, and the C++ and Rust readers
+read what the generator writes.
+
+The site itself is built by ``.ci/run`` with ``sphinx-build -W --keep-going``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _doctest import numbers_close, run_text_examples
+
+import relpos_ref
+from relpos_ref.cli import build_parser
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+sys.path.insert(0, str(DOCS / "_ext"))
+import worked  # noqa: E402
+
+PAGES = sorted(
+    p for p in DOCS.rglob("*.md") if "_build" not in p.parts and "_generated" not in p.parts
+)
+FENCE = re.compile(
+    r"(?:<!-- requires: (?P<requires>[\w, ]+) -->\n)?"
+    r"```(?P<lang>[\w{}-]*)[^\n]*\n(?P<body>.*?)\n```",
+    re.S,
+)
+
+
+def code_blocks(page: Path) -> list[tuple[str, str, list[str]]]:
+    """(language, body, requirements) of each fenced block of a page, in order."""
+    text = page.read_text(encoding="utf-8")
+    out = []
+    for m in FENCE.finditer(text):
+        requires = [r.strip() for r in (m["requires"] or "").split(",") if r.strip()]
+        out.append((m["lang"], m["body"], requires))
+    return out
+
+
+def _missing(requirement: str) -> str | None:
+    if importlib.util.find_spec(requirement) is None:
+        return f"{requirement} is not installed"
+    if requirement == "cupy":
+        try:
+            import cupy
+
+            cupy.cuda.runtime.getDeviceCount()
+        except Exception as error:
+            return f"CuPy has no GPU here ({type(error).__name__})"
+    return None
+
+
+def _page_id(page: Path) -> str:
+    return str(page.relative_to(DOCS))
+
+
+def _pages_with(language: str) -> list[Path]:
+    return [p for p in PAGES if any(b[0] == language for b in code_blocks(p))]
+
+
+@pytest.mark.parametrize("page", _pages_with("python"), ids=_page_id)
+def test_python_blocks_run(page):
+    """Every python block runs, in page order and one namespace; >>> output must match."""
+    blocks = [b for b in code_blocks(page) if b[0] == "python"]
+    namespace: dict = {"__name__": f"docs_{page.stem}"}
+    ran = 0
+    for number, (_, body, requires) in enumerate(blocks, 1):
+        if any(_missing(r) for r in requires):
+            continue
+        name = f"{_page_id(page)} block {number}"
+        if ">>>" in body:
+            result = run_text_examples(body, name, namespace)
+            assert result.failed == 0, f"{name}: {result.failed} example(s) failed"
+        else:
+            exec(compile(body, name, "exec"), namespace)
+        ran += 1
+    assert ran > 0, "every block on this page needs a library that is missing"
+
+
+def command_lines(page: Path) -> list[str]:
+    """The relpos-ref command lines shown in a page's bash blocks, comments removed."""
+    return [
+        line.split("#")[0].strip()
+        for lang, body, _ in code_blocks(page)
+        if lang == "bash"
+        for line in body.splitlines()
+        if line.strip().startswith("relpos-ref")
+    ]
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if command_lines(p)], ids=_page_id)
+def test_command_lines_parse(page):
+    """Every relpos-ref command shown in a bash block is a valid command line."""
+    lines = command_lines(page)
+    parser = build_parser()
+    for line in lines:
+        args = parser.parse_args(shlex.split(line)[1:])
+        assert args.command, line
+
+
+@pytest.mark.parametrize("name", list(worked.LAYOUTS))
+def test_worked_layout_tables_match_the_library(name):
+    # Each worked example checks its last step against the library and gather.
+    steps = worked.LAYOUTS[name]()
+    assert len(steps) >= 3
+    assert worked.markdown(steps).count("**Step") == len(steps)
+
+
+def test_worked_pad_flatten_reshape_has_every_step():
+    captions = " ".join(s.caption for s in worked.worked_pad_flatten_reshape())
+    for word in ("zero column", "flatten", "pad", "reshape", "keep rows"):
+        assert word in captions
+
+
+def test_worked_stacked_diagonals_is_for_t_max_4():
+    first = worked.worked_stacked_diagonals()[0]
+    assert first.array.shape[1] == 2 * 4 - 1
+
+
+@pytest.mark.parametrize("name", worked.SCHEMES)
+def test_worked_scheme_tables_render(name):
+    steps = worked.worked_scheme(name)
+    assert steps
+    assert all(s.array.size > 0 for s in steps)
+    text = worked.markdown(steps)
+    assert "|---|" in text or "```text" in text
+
+
+def test_worked_step_disagreeing_with_the_library_fails():
+    with pytest.raises(AssertionError, match="worked example"):
+        worked._check(np.array([[1, 2]]), np.array([[1, 3]]), "demo")
+
+
+@pytest.mark.parametrize("name", worked.SCHEMES)
+def test_every_scheme_has_a_page_with_formula_figure_and_sections(name):
+    page = (DOCS / "schemes" / f"{name}.md").read_text(encoding="utf-8")
+    assert f"_generated/scheme_{name}.png" in page
+    assert f"_generated/scheme_{name}.md" in page
+    assert f"_generated/presets_{name}.md" in page
+    assert "$$" in page
+    for section in ("## Parameters", "## Special cases", "## Cost", "## Popular implementations"):
+        assert section in page, f"{name}: no {section!r}"
+    assert f"relpos_ref.{name}_attention" in page
+
+
+@pytest.mark.parametrize("name", [n for n in worked.LAYOUTS if "future" not in n])
+def test_every_layout_has_a_page_with_figure(name):
+    page = (DOCS / "layouts" / f"{name}.md").read_text(encoding="utf-8")
+    assert f"_generated/layout_{name}.png" in page
+    assert f"_generated/layout_{name}.md" in page
+    assert f"relpos_ref.{name}" in page
+
+
+def _api_entries() -> set[str]:
+    text = (DOCS / "api.md").read_text(encoding="utf-8")
+    return set(re.findall(r"^   ([\w.]+)$", text, re.M))
+
+
+PUBLIC = sorted(n for n in relpos_ref.__all__ if not n.startswith("_"))
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_public_function_is_in_the_api_reference(name):
+    assert name in _api_entries(), f"{name} has no page in docs/api.md"
+
+
+def test_api_reference_lists_only_what_exists():
+    for entry in _api_entries():
+        module, _, attr = entry.rpartition(".")
+        owner = importlib.import_module(f"relpos_ref.{module}") if module else relpos_ref
+        assert hasattr(owner, attr), entry
+
+
+def test_every_page_is_in_a_toctree():
+    for page in PAGES:
+        if page == DOCS / "index.md":
+            continue
+        index = page.parent / "index.md" if page.name != "index.md" else DOCS / "index.md"
+        if page.parent == DOCS:
+            index = DOCS / "index.md"
+        entry = page.stem if page.name != "index.md" else f"{page.parent.name}/index"
+        toctrees = re.findall(r"```\{toctree\}(.*?)```", index.read_text(encoding="utf-8"), re.S)
+        assert any(re.search(rf"^{re.escape(entry)}$", t, re.M) for t in toctrees), page
+
+
+def test_float_tolerant_comparison():
+    assert numbers_close("array([0.1, 2.5])", "array([0.1000000001, 2.5])")
+    assert numbers_close("1.25", "1.2500004")
+    assert not numbers_close("1.25", "1.27")
+    assert not numbers_close("array([1, 2])", "array([1, 2, 3])")
+    assert not numbers_close("True", "False")
+
+
+@pytest.fixture(scope="module")
+def golden_file(tmp_path_factory):
+    from relpos_ref import golden
+
+    out = tmp_path_factory.mktemp("golden") / "suite"
+    golden.generate(out, golden.default_cases().select(["shaw/clip/*"], dtypes=["float32"]))
+    return next(out.glob("*.safetensors"))
+
+
+def _printed_array(stdout: str) -> tuple[tuple[int, ...], np.ndarray]:
+    header, *values = stdout.splitlines()
+    words = header.split()
+    assert words[0] == "shape"
+    return tuple(int(n) for n in words[1:]), np.array([float(v) for v in values])
+
+
+def _check_reader(binary: Path, golden_file: Path) -> None:
+    from safetensors.numpy import load_file
+
+    want = load_file(golden_file)["output"]
+    run = subprocess.run(
+        [str(binary), str(golden_file), "output"], capture_output=True, text=True, check=True
+    )
+    shape, values = _printed_array(run.stdout)
+    assert shape == want.shape
+    np.testing.assert_array_equal(values, want.reshape(-1))
+    refused = subprocess.run(
+        [str(binary), str(golden_file), "q"], capture_output=True, text=True, check=False
+    )
+    assert refused.returncode != 0  # q is float32: the readers take only float64 goldens
+
+
+def test_cpp_reader_reads_a_golden_file(golden_file, tmp_path):
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler on this machine")
+    binary = tmp_path / "read_golden"
+    source = DOCS / "examples" / "read_golden.cpp"
+    cmd = [compiler, "-std=c++17", "-O1", "-Wall", "-Werror", str(source), "-o", str(binary)]
+    subprocess.run(cmd, check=True)
+    _check_reader(binary, golden_file)
+
+
+def test_rust_reader_reads_a_golden_file(golden_file, tmp_path):
+    rustc = shutil.which("rustc")
+    if rustc is None:
+        pytest.skip("no rustc on this machine")
+    binary = tmp_path / "read_golden_rs"
+    source = DOCS / "examples" / "read_golden.rs"
+    cmd = [rustc, "--edition", "2021", "-O", str(source), "-o", str(binary)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    _check_reader(binary, golden_file)
