@@ -13,6 +13,7 @@ output, never NaN.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from . import _xp
@@ -294,6 +295,38 @@ def attention(
     array([[1.        ],
            [1.73105858]])
     """
+    return _attention(
+        q,
+        k,
+        v,
+        scale=scale,
+        mask=mask,
+        causal=causal,
+        q_offset=q_offset,
+        bias=bias,
+        position=position,
+        return_weights=return_weights,
+    )
+
+
+def _attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    /,
+    *,
+    scale: float | None,
+    mask: Any,
+    causal: bool,
+    q_offset: int,
+    bias: Any,
+    position: Any,
+    return_weights: bool,
+    add_position: Callable[[Any], bool] | None = None,
+) -> Any:
+    # `attention`, plus a hook for the schemes' NumPy fast paths: `add_position(content)`
+    # adds the content-position term to ``q k^T`` in place before scaling (the same
+    # operations, in the same order, as passing it as `position`) and returns True.
     xp, _ = check_qkv(q, k, v)
     _xp.array_namespace(q, mask, bias, position)  # one library for every array argument
     *_, t_q, d = q.shape
@@ -306,6 +339,9 @@ def attention(
         t_q, t_k, mask=mask, causal=causal, q_offset=q_offset, xp=xp, device=_xp.device(q)
     )
     content = xp.matmul(q, xp.matrix_transpose(k))
+    if add_position is not None and not add_position(content):
+        msg = "internal error: the in-place position term does not apply to this array"
+        raise RuntimeError(msg)
     weights = masked_softmax(
         _compose_in_place(content, scale=s, position=position, bias=bias), allowed=allowed
     )

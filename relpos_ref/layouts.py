@@ -469,3 +469,76 @@ def _numpy_diagonal_view(x: Any, t_k: int, *, q_offset: int, order: str) -> Any:
         strides=(*x.strides[:-2], row_step * item, col_step * item),
         writeable=False,
     )
+
+
+def _numpy_add_clipped(
+    content: Any, x: Any, /, *, max_distance: int, q_offset: int, block: int = 128
+) -> bool:
+    """``content += take_per_row(x, table_index(r, K).index)`` in place, for NumPy.
+
+    The library-native form beside the standard gather, for a two-sided
+    table clipped at ``K`` (`x` is ``(..., t_q, 2K + 1)``, column ``r + K``):
+    no index and no ``(t_q, t_k)`` temporary. Left of the band ``|r| <= K``
+    every entry gets its row's first column, right of it the last: per block
+    of query rows that is one rectangle (a broadcast add) and one small
+    triangle (a masked add). The ``2K + 1`` diagonals of the band are added
+    through strided views. Each entry receives exactly one addition of the
+    same value as in the standard form, so the two are equal bit for bit.
+    Returns ``False`` (and does nothing) for other libraries or a `content`
+    that is not a writeable C-contiguous NumPy array.
+    """
+    if type(content).__module__ != "numpy" or type(x).__module__ != "numpy":
+        return False
+    if not (content.flags.c_contiguous and content.flags.writeable):
+        return False
+    import numpy as np
+    from numpy.lib.stride_tricks import as_strided
+
+    *_, t_q, t_k = content.shape
+    n = x.shape[-1]
+    k = max_distance
+    if content.size == 0:
+        return True
+    first_col, last_col = x[..., :1], x[..., n - 1 :]
+    cols = np.arange(t_k)
+
+    def clamp(c: int) -> int:
+        return min(max(c, 0), t_k)
+
+    for a in range(0, t_q, block):
+        b = min(a + block, t_q)
+        rows = np.arange(a, b)[:, None]
+        # Left of the band: j < i + q_offset - K.
+        full, part = clamp(a + q_offset - k), clamp(b - 1 + q_offset - k)
+        if full:
+            content[..., a:b, :full] += first_col[..., a:b, :]
+        if part > full:
+            tile = content[..., a:b, full:part]
+            np.add(
+                tile,
+                first_col[..., a:b, :],
+                out=tile,
+                where=cols[full:part] < rows + (q_offset - k),
+            )
+        # Right of the band: j > i + q_offset + K.
+        part, full = clamp(a + q_offset + k + 1), clamp(b + q_offset + k)
+        if full < t_k:
+            content[..., a:b, full:] += last_col[..., a:b, :]
+        if full > part:
+            tile = content[..., a:b, part:full]
+            np.add(
+                tile, last_col[..., a:b, :], out=tile, where=cols[part:full] > rows + (q_offset + k)
+            )
+    diagonal = (*content.strides[:-2], content.strides[-2] + content.strides[-1])
+    flat = content.reshape(-1)
+    item = content.itemsize
+    for c in range(n):
+        offset = q_offset + c - k  # key column of query row 0 on this diagonal
+        first = max(0, -offset)
+        length = min(t_q, t_k - offset) - first
+        if length <= 0:
+            continue
+        start = (first * content.strides[-2] + (first + offset) * content.strides[-1]) // item
+        view = as_strided(flat[start:], shape=(*content.shape[:-2], length), strides=diagonal)
+        view += x[..., first : first + length, c]
+    return True

@@ -326,7 +326,8 @@ def worked_scheme(name: str) -> list[Step]:
     if name in ("shaw", "bias"):
         got = rp.shaw_index(4, 6, max_distance=2, q_offset=2, beyond="zero", xp=xp)
         steps = _index_steps(
-            "`shaw_index(4, 6, max_distance=2, q_offset=2)`: row `clip(r, -2, 2) + 2`",
+            "`shaw_index(4, 6, max_distance=2, q_offset=2, beyond='zero')`: "
+            "row `clip(r, -2, 2) + 2`",
             got.index,
             got.valid,
         )
@@ -342,7 +343,8 @@ def worked_scheme(name: str) -> list[Step]:
     if name == "music":
         got = rp.music_index(5, 5, length=3, beyond="zero", xp=xp)
         return _index_steps(
-            "`music_index(5, 5, length=3)`: row `r + M - 1` of the one-sided table, `r = -2 .. 0`",
+            "`music_index(5, 5, length=3, beyond='zero')`: row `r + M - 1` of the one-sided "
+            "table, `r = -2 .. 0`; where `valid` is false the row is a placeholder",
             got.index,
             got.valid,
         )
@@ -423,7 +425,7 @@ def worked_scheme(name: str) -> list[Step]:
         return [
             Step(
                 "`deberta_bucket(r, bucket_size=4, max_position=16)`: exact for "
-                "`|r| <= S // 2 = 2`, log-spaced beyond, capped at `S = 4`",
+                "`|r| <= S // 2 = 2`, log-spaced beyond",
                 np.stack([r, np.asarray(b)]),
                 rows=("r", "bucket"),
                 cols=_labels("", range(len(r))),

@@ -1,0 +1,66 @@
+"""NumPy fast paths equal the standard array-API forms bit for bit."""
+
+from __future__ import annotations
+
+import array_api_compat.numpy as xp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import relpos_ref as rp
+from relpos_ref.attention import attention
+from relpos_ref.layouts import _numpy_add_clipped
+
+
+@given(
+    t_q=st.integers(0, 40),
+    t_k=st.integers(0, 40),
+    q_offset=st.integers(-45, 45),
+    K=st.integers(0, 6),
+    block=st.sampled_from([1, 3, 7, 128]),
+    batch=st.sampled_from([(), (2,), (2, 3)]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 99),
+)
+def test_add_clipped_equals_gather_by_table_index(t_q, t_k, q_offset, K, block, batch, dtype, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((*batch, t_q, 2 * K + 1)).astype(dtype)
+    content = rng.standard_normal((*batch, t_q, t_k)).astype(dtype)
+    index = rp.table_index(rp.relative_positions(t_q, t_k, q_offset=q_offset, xp=xp), K).index
+    want = content + rp.take_per_row(x, index)
+    got = content.copy()
+    assert _numpy_add_clipped(got, x, max_distance=K, q_offset=q_offset, block=block)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_add_clipped_declines_what_it_cannot_do_in_place():
+    x = np.zeros((3, 5))
+    assert not _numpy_add_clipped(np.zeros((3, 4))[:, ::2], x, max_distance=2, q_offset=0)
+    read_only = np.zeros((3, 4))
+    read_only.flags.writeable = False
+    assert not _numpy_add_clipped(read_only, x, max_distance=2, q_offset=0)
+    assert not _numpy_add_clipped([[0.0]], x, max_distance=2, q_offset=0)
+
+
+@pytest.mark.parametrize(
+    ("t_q", "t_k", "q_offset", "causal"),
+    [(17, 17, 0, False), (9, 30, 21, True), (12, 5, -3, False)],
+)
+@pytest.mark.parametrize("per_head", [False, True])
+def test_shaw_attention_fast_path_equals_standard_composition(t_q, t_k, q_offset, causal, per_head):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 3, t_q, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 3, t_k, 8)).astype(np.float32)
+    v = rng.standard_normal((2, 3, t_k, 4)).astype(np.float32)
+    table = rng.standard_normal((3, 9, 8) if per_head else (9, 8)).astype(np.float32)
+    position = rp.shaw_logits(q, table, t_k, q_offset=q_offset)
+    want_out, want_w = attention(
+        q, k, v, position=position, causal=causal, q_offset=q_offset, return_weights=True
+    )
+    out, w = rp.shaw_attention(
+        q, k, v, table, causal=causal, q_offset=q_offset, return_weights=True
+    )
+    np.testing.assert_array_equal(w, want_w)
+    np.testing.assert_array_equal(out, want_out)
