@@ -472,73 +472,111 @@ def _numpy_diagonal_view(x: Any, t_k: int, *, q_offset: int, order: str) -> Any:
 
 
 def _numpy_add_clipped(
-    content: Any, x: Any, /, *, max_distance: int, q_offset: int, block: int = 128
+    content: Any, x: Any, /, *, max_distance: int, q_offset: int, block: int = 32
 ) -> bool:
     """``content += take_per_row(x, table_index(r, K).index)`` in place, for NumPy.
 
     The library-native form beside the standard gather, for a two-sided
     table clipped at ``K`` (`x` is ``(..., t_q, 2K + 1)``, column ``r + K``):
-    no index and no ``(t_q, t_k)`` temporary. Left of the band ``|r| <= K``
-    every entry gets its row's first column, right of it the last: per block
-    of query rows that is one rectangle (a broadcast add) and one small
-    triangle (a masked add). The ``2K + 1`` diagonals of the band are added
-    through strided views. Each entry receives exactly one addition of the
-    same value as in the standard form, so the two are equal bit for bit.
-    Returns ``False`` (and does nothing) for other libraries or a `content`
-    that is not a writeable C-contiguous NumPy array.
+    no ``(t_q, t_k)`` index and no ``(t_q, t_k)`` temporary. For each block
+    of ``B`` query rows, every key left of the band ``|r| <= K`` reads the
+    row's first column and every key right of it the last: two rectangles,
+    two broadcast adds. The band lies in one ``B x (B + 2K)`` tile whose
+    table rows do not depend on where the block starts (translation
+    invariance), so one small index serves every block. Each entry receives
+    one addition of the same value as in the standard form, so the two are
+    equal bit for bit. Returns ``False`` (and does nothing) for other
+    libraries or a `content` that is not a writeable NumPy array.
     """
     if type(content).__module__ != "numpy" or type(x).__module__ != "numpy":
         return False
-    if not (content.flags.c_contiguous and content.flags.writeable):
+    if not content.flags.writeable:
         return False
     import numpy as np
-    from numpy.lib.stride_tricks import as_strided
 
     *_, t_q, t_k = content.shape
-    n = x.shape[-1]
     k = max_distance
     if content.size == 0:
         return True
-    first_col, last_col = x[..., :1], x[..., n - 1 :]
-    cols = np.arange(t_k)
-
-    def clamp(c: int) -> int:
-        return min(max(c, 0), t_k)
-
+    width = block + 2 * k
+    # Table row of tile entry (i', c'): the tile of the block at row a starts at key
+    # column a + q_offset - K, so r = c' - i' - K whatever a is.
+    tile_rows = np.clip(np.arange(width)[None, :] - np.arange(block)[:, None], 0, 2 * k)
     for a in range(0, t_q, block):
         b = min(a + block, t_q)
-        rows = np.arange(a, b)[:, None]
-        # Left of the band: j < i + q_offset - K.
-        full, part = clamp(a + q_offset - k), clamp(b - 1 + q_offset - k)
-        if full:
-            content[..., a:b, :full] += first_col[..., a:b, :]
-        if part > full:
-            tile = content[..., a:b, full:part]
-            np.add(
-                tile,
-                first_col[..., a:b, :],
-                out=tile,
-                where=cols[full:part] < rows + (q_offset - k),
+        start = a + q_offset - k  # key column of the tile's first column
+        lo, hi = min(max(start, 0), t_k), min(max(start + width, 0), t_k)
+        if lo > 0:
+            content[..., a:b, :lo] += x[..., a:b, :1]
+        if hi < t_k:
+            content[..., a:b, hi:] += x[..., a:b, 2 * k :]
+        if hi > lo:
+            index = tile_rows[: b - a, lo - start : hi - start]
+            content[..., a:b, lo:hi] += np.take_along_axis(
+                x[..., a:b, :], np.broadcast_to(index, (*x.shape[:-2], *index.shape)), axis=-1
             )
-        # Right of the band: j > i + q_offset + K.
-        part, full = clamp(a + q_offset + k + 1), clamp(b + q_offset + k)
-        if full < t_k:
-            content[..., a:b, full:] += last_col[..., a:b, :]
-        if full > part:
-            tile = content[..., a:b, part:full]
-            np.add(
-                tile, last_col[..., a:b, :], out=tile, where=cols[part:full] > rows + (q_offset + k)
-            )
-    diagonal = (*content.strides[:-2], content.strides[-2] + content.strides[-1])
-    flat = content.reshape(-1)
-    item = content.itemsize
-    for c in range(n):
-        offset = q_offset + c - k  # key column of query row 0 on this diagonal
-        first = max(0, -offset)
-        length = min(t_q, t_k - offset) - first
-        if length <= 0:
-            continue
-        start = (first * content.strides[-2] + (first + offset) * content.strides[-1]) // item
-        view = as_strided(flat[start:], shape=(*content.shape[:-2], length), strides=diagonal)
-        view += x[..., first : first + length, c]
     return True
+
+
+def _numpy_clipped_bins(
+    weights: Any, /, *, low: int, high: int, q_offset: int, block: int = 32
+) -> Any:
+    """Weights summed by the row of a clipped two-sided table, for NumPy.
+
+    The library-native form beside `relpos_ref.schemes._tables.distance_bins`
+    with ``clip=True``: ``out[..., i, c]`` sums ``w[..., i, j]`` over the keys
+    whose distance ``r`` falls in row ``c`` (``r - low`` clipped to
+    ``0 .. high - low``). The band is read by `to_relative`, one weight per
+    entry; the two clipped ends sum, per block of ``B`` query rows, one
+    rectangle (a matrix-vector product with ones, BLAS) and one small
+    triangle inside the ``B x (B + n - 1)`` tile around the band, whose mask
+    is the same for every block. Equal to the standard form up to the order
+    of summation. Returns ``None`` for other libraries.
+    """
+    if type(weights).__module__ != "numpy":
+        return None
+    import numpy as np
+
+    *batch, t_q, t_k = weights.shape
+    n = high - low + 1
+    if weights.size == 0:
+        return to_relative(weights, n, offset=-low, q_offset=q_offset)
+    out = np.empty((*batch, t_q, n), dtype=weights.dtype)
+    # The band: rows whose n distances all have a key are a strided view of the
+    # weights (row i starts at key i + q_offset + low); the others go through
+    # to_relative, which writes 0 where a distance has no key.
+    first = min(max(-(q_offset + low), 0), t_q)
+    last = max(min(t_k - (q_offset + high), t_q), first)
+    if first < last and weights.flags.c_contiguous:
+        step_row, step_col = weights.strides[-2:]
+        flat = weights.reshape(-1)
+        begin = (first * step_row + (first + q_offset + low) * step_col) // weights.itemsize
+        out[..., first:last, :] = np.lib.stride_tricks.as_strided(
+            flat[begin:],
+            shape=(*batch, last - first, n),
+            strides=(*weights.strides[:-2], step_row + step_col, step_col),
+            writeable=False,
+        )
+        edges = ((0, first), (last, t_q))
+    else:
+        edges = ((0, t_q),)
+    for i0, i1 in edges:
+        if i1 > i0:
+            out[..., i0:i1, :] = to_relative(
+                weights[..., i0:i1, :], n, offset=-low, q_offset=q_offset + i0
+            )
+    width = block + n - 1
+    shift = np.arange(width)[None, :] - np.arange(block)[:, None]  # r - low in the tile
+    before, after = (shift < 0).astype(weights.dtype), (shift > n - 1).astype(weights.dtype)
+    ones = np.ones(t_k, dtype=weights.dtype)
+    for a in range(0, t_q, block):
+        b = min(a + block, t_q)
+        start = a + q_offset + low  # key column of the tile's first column
+        lo, hi = min(max(start, 0), t_k), min(max(start + width, 0), t_k)
+        tile = weights[..., a:b, lo:hi]
+        cut = (slice(0, b - a), slice(lo - start, hi - start))
+        left = weights[..., a:b, :lo] @ ones[:lo] + np.sum(tile * before[cut], axis=-1)
+        right = weights[..., a:b, hi:] @ ones[hi:] + np.sum(tile * after[cut], axis=-1)
+        out[..., a:b, 0] += left
+        out[..., a:b, n - 1] += right
+    return out

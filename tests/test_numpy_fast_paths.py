@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import relpos_ref as rp
 from relpos_ref.attention import attention
-from relpos_ref.layouts import _numpy_add_clipped
+from relpos_ref.layouts import _numpy_add_clipped, _numpy_clipped_bins
 
 
 @given(
@@ -35,9 +35,13 @@ def test_add_clipped_equals_gather_by_table_index(t_q, t_k, q_offset, K, block, 
     np.testing.assert_array_equal(got, want)
 
 
-def test_add_clipped_declines_what_it_cannot_do_in_place():
-    x = np.zeros((3, 5))
-    assert not _numpy_add_clipped(np.zeros((3, 4))[:, ::2], x, max_distance=2, q_offset=0)
+def test_add_clipped_works_on_views_and_declines_what_it_cannot_write():
+    x = np.arange(15.0).reshape(3, 5)
+    base = np.zeros((3, 8))
+    assert _numpy_add_clipped(base[:, ::2], x, max_distance=2, q_offset=0)
+    index = rp.table_index(rp.relative_positions(3, 4, xp=xp), 2).index
+    np.testing.assert_array_equal(base[:, ::2], rp.take_per_row(x, index))
+    assert not base[:, 1::2].any()
     read_only = np.zeros((3, 4))
     read_only.flags.writeable = False
     assert not _numpy_add_clipped(read_only, x, max_distance=2, q_offset=0)
@@ -64,3 +68,36 @@ def test_shaw_attention_fast_path_equals_standard_composition(t_q, t_k, q_offset
     )
     np.testing.assert_array_equal(w, want_w)
     np.testing.assert_array_equal(out, want_out)
+
+
+@given(
+    t_q=st.integers(0, 40),
+    t_k=st.integers(0, 40),
+    q_offset=st.integers(-45, 45),
+    low=st.integers(-6, 0),
+    high=st.integers(0, 6),
+    block=st.sampled_from([1, 3, 7, 32]),
+    batch=st.sampled_from([(), (2,), (2, 3)]),
+    fortran=st.booleans(),
+    seed=st.integers(0, 99),
+)
+def test_clipped_bins_equal_the_standard_bins(
+    t_q, t_k, q_offset, low, high, block, batch, fortran, seed
+):
+    rng = np.random.default_rng(seed)
+    weights = rng.random((*batch, t_q, t_k))
+    if fortran:  # not C-contiguous: the band goes through to_relative
+        weights = np.asfortranarray(weights)
+    got = _numpy_clipped_bins(weights, low=low, high=high, q_offset=q_offset, block=block)
+    # The standard form, written out: to_relative for the band, masked sums for the ends.
+    n = high - low + 1
+    r = np.arange(t_k)[None, :] - (np.arange(t_q)[:, None] + q_offset)
+    want = np.asarray(rp.to_relative(weights, n, offset=-low, q_offset=q_offset)).copy()
+    want[..., 0] += np.sum(np.where(r < low, weights, 0.0), axis=-1)
+    want[..., n - 1] += np.sum(np.where(r > high, weights, 0.0), axis=-1)
+    assert got.shape == (*batch, t_q, n)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_clipped_bins_decline_other_libraries():
+    assert _numpy_clipped_bins([[0.5]], low=-1, high=1, q_offset=0) is None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _xp
-from ..layouts import to_relative
+from ..layouts import _numpy_clipped_bins, to_relative
 from ..positions import relative_positions
 
 __all__ = [
@@ -169,6 +169,11 @@ def distance_bins(
     ``sum_j w_ij table[row(r_ij)]`` without a ``(t_q, t_k, d)`` tensor.
     """
     xp = _xp.array_namespace(weights)
+    if clip and clip_future:
+        # NumPy: no (t_q, t_k) mask or index (a strided band and blocked row sums).
+        fast = _numpy_clipped_bins(weights, low=low, high=high, q_offset=q_offset)
+        if fast is not None:
+            return fast
     *batch, t_q, t_k = weights.shape
     n = high - low + 1
     bins = to_relative(weights, n, offset=-low, q_offset=q_offset)
