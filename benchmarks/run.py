@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in results["blocked"]:
         if row["peak_bytes"] is not None:
             gib = row["peak_bytes"] / 2**30
-            targets.append((f"blocked {row['scheme']} t={row['t']} peak < 2 GiB", gib, gib < 2))
+            label = f"{row['scheme']}{' causal' if row['causal'] else ''}"
+            targets.append((f"blocked {label} t={row['t']} peak < 2 GiB", gib, gib < 2))
     print("\ntargets (issue 7)")
     for text, value, met in targets:
         print(f"  {'met   ' if met else 'MISSED'} {text}: {value:.2f}")
