@@ -472,7 +472,14 @@ def _numpy_diagonal_view(x: Any, t_k: int, *, q_offset: int, order: str) -> Any:
 
 
 def _numpy_add_clipped(
-    content: Any, x: Any, /, *, max_distance: int, q_offset: int, block: int = 32
+    content: Any,
+    x: Any,
+    /,
+    *,
+    max_distance: int,
+    q_offset: int,
+    scale: float | None = None,
+    block: int = 32,
 ) -> bool:
     """``content += take_per_row(x, table_index(r, K).index)`` in place, for NumPy.
 
@@ -485,8 +492,11 @@ def _numpy_add_clipped(
     table rows do not depend on where the block starts (translation
     invariance), so one small index serves every block. Each entry receives
     one addition of the same value as in the standard form, so the two are
-    equal bit for bit. Returns ``False`` (and does nothing) for other
-    libraries or a `content` that is not a writeable NumPy array.
+    equal bit for bit. With `scale`, each block is then multiplied by it
+    while it is still in cache: ``content = (content + P) * scale``, the
+    same two operations per entry as adding and scaling in two passes.
+    Returns ``False`` (and does nothing) for other libraries or a `content`
+    that is not a writeable NumPy array.
     """
     if type(content).__module__ != "numpy" or type(x).__module__ != "numpy":
         return False
@@ -515,6 +525,8 @@ def _numpy_add_clipped(
             content[..., a:b, lo:hi] += np.take_along_axis(
                 x[..., a:b, :], np.broadcast_to(index, (*x.shape[:-2], *index.shape)), axis=-1
             )
+        if scale is not None:
+            content[..., a:b, :] *= scale
     return True
 
 

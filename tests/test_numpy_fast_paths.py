@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import relpos_ref as rp
-from relpos_ref.attention import attention
+from relpos_ref.attention import _compose_in_place, attention
 from relpos_ref.layouts import _numpy_add_clipped, _numpy_clipped_bins
 
 
@@ -101,3 +101,19 @@ def test_clipped_bins_equal_the_standard_bins(
 
 def test_clipped_bins_decline_other_libraries():
     assert _numpy_clipped_bins([[0.5]], low=-1, high=1, q_offset=0) is None
+
+
+@pytest.mark.parametrize("terms", ["position", "bias", "both", "none"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_blockwise_in_place_composition_equals_compose_logits(terms, dtype):
+    # 300 rows of 2 x 1000 entries: several row blocks of about 1 MiB.
+    rng = np.random.default_rng(1)
+    content = rng.standard_normal((2, 300, 1000)).astype(dtype)
+    position = rng.standard_normal(content.shape).astype(dtype)
+    bias = rng.standard_normal(content.shape).astype(dtype)
+    position = position if terms in ("position", "both") else None
+    bias = bias if terms in ("bias", "both") else None
+    want = rp.compose_logits(content, scale=0.125, position=position, bias=bias)
+    got = _compose_in_place(content.copy(), scale=0.125, position=position, bias=bias)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, want)

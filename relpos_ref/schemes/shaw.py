@@ -288,14 +288,15 @@ def shaw_attention(
     check_value_width(value_table, v)
     position = add_position = None
     if _numpy_fast_path(q, k, key_table, method=method, beyond=beyond):
-        # NumPy: the clipped key term is added into q k^T in place, no index or
-        # (t_q, t_k) temporary; equal bit for bit to the standard form (tested).
+        # NumPy: the clipped key term is added into q k^T and scaled in place, block
+        # by block, with no index or (t_q, t_k) temporary; equal bit for bit to the
+        # standard form (tested).
         check_table("key_table", key_table, q, width=q.shape[-1])
         rel = table_logits(q, key_table)
         k_max = _max_distance("key_table", key_table)
 
-        def add_position(content: Any) -> bool:
-            return _numpy_add_clipped(content, rel, max_distance=k_max, q_offset=q_offset)
+        def add_position(content: Any, s: float) -> bool:
+            return _numpy_add_clipped(content, rel, max_distance=k_max, q_offset=q_offset, scale=s)
 
     else:
         position = shaw_logits(
