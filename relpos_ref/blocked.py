@@ -111,37 +111,23 @@ def _plan_shaw(xp, q, k, tables, p, ctx):
     sc.shaw_logits(q[..., :1, :], key_table, 1, beyond=beyond)  # validates the table
     kmax = (key_table.shape[-2] - 1) // 2
     if beyond == "error":
-        check_distances_in_table(
-            ctx["t_q"],
-            ctx["t_k"],
-            q_offset=ctx["q_offset"],
-            low=-kmax,
-            high=kmax,
-            what=f"max_distance={kmax}",
-        )
+        check_distances_in_table(ctx["t_q"], ctx["t_k"], q_offset=ctx["q_offset"], low=-kmax,
+                                 high=kmax, what=f"max_distance={kmax}")
     policy = "zero" if beyond == "zero" else "clip"
     dev = _xp.device(q)
 
     def index_of(t_qb, t_kb, off):
-        index, valid = sc.shaw_index(
-            t_qb, t_kb, max_distance=kmax, q_offset=off, beyond=policy, xp=xp, device=dev
-        )
+        index, valid = sc.shaw_index(t_qb, t_kb, max_distance=kmax, q_offset=off, beyond=policy,
+                                     xp=xp, device=dev)
         return index, None if policy == "clip" else valid
 
     values = None
     if value_table is not None:
-
         def values(w, off):
             return sc.shaw_values(w, value_table, q_offset=off, beyond=policy)
 
-    return _Plan(
-        q,
-        k,
-        default_scale(q.shape[-1], ctx["scale"]),
-        _per_query_block(key_table),
-        _gathered(index_of),
-        values,
-    )
+    return _Plan(q, k, default_scale(q.shape[-1], ctx["scale"]), _per_query_block(key_table),
+                 _gathered(index_of), values)
 
 
 def _plan_bias(xp, q, k, tables, p, ctx):
@@ -151,20 +137,13 @@ def _plan_bias(xp, q, k, tables, p, ctx):
     sc.bias_logits(table, 1, 1, beyond=beyond if beyond != "error" else "clip")
     kmax = (table.shape[-1] - 1) // 2
     if beyond == "error":
-        check_distances_in_table(
-            ctx["t_q"],
-            ctx["t_k"],
-            q_offset=ctx["q_offset"],
-            low=-kmax,
-            high=kmax,
-            what=f"max_distance={kmax}",
-        )
+        check_distances_in_table(ctx["t_q"], ctx["t_k"], q_offset=ctx["q_offset"], low=-kmax,
+                                 high=kmax, what=f"max_distance={kmax}")
         beyond = "clip"
 
     def terms(_, q_blk, k_blk, i0, j0, off):
-        return None, sc.bias_logits(
-            table, q_blk.shape[-2], k_blk.shape[-2], q_offset=off, beyond=beyond
-        )
+        return None, sc.bias_logits(table, q_blk.shape[-2], k_blk.shape[-2], q_offset=off,
+                                    beyond=beyond)
 
     return _Plan(q, k, default_scale(q.shape[-1], ctx["scale"]), terms=terms)
 
@@ -181,22 +160,16 @@ def _plan_music(xp, q, k, tables, p, ctx):
     dev = _xp.device(q)
 
     def index_of(t_qb, t_kb, off):
-        return sc.music_index(t_qb, t_kb, length=m, q_offset=off, beyond=policy, xp=xp, device=dev)
+        return sc.music_index(t_qb, t_kb, length=m, q_offset=off, beyond=policy, xp=xp,
+                              device=dev)
 
     values = None
     if value_table is not None:
-
         def values(w, off):
             return sc.music_values(w, value_table, q_offset=off, beyond=policy)
 
-    return _Plan(
-        q,
-        k,
-        default_scale(q.shape[-1], ctx["scale"]),
-        _per_query_block(table),
-        _gathered(index_of),
-        values,
-    )
+    return _Plan(q, k, default_scale(q.shape[-1], ctx["scale"]), _per_query_block(table),
+                 _gathered(index_of), values)
 
 
 def _plan_general(xp, q, k, tables, p, ctx):
@@ -205,25 +178,17 @@ def _plan_general(xp, q, k, tables, p, ctx):
     order = p.get("order", "past_to_future")
     sc.general_logits(q[..., :1, :], table, 1, order=order)  # validates the table
     t_max = (table.shape[-2] + 1) // 2
-    check_distances_in_table(
-        ctx["t_q"],
-        ctx["t_k"],
-        q_offset=ctx["q_offset"],
-        low=-(t_max - 1),
-        high=t_max - 1,
-        what=f"t_max={t_max}",
-        hint="use a table with a larger t_max",
-    )
+    check_distances_in_table(ctx["t_q"], ctx["t_k"], q_offset=ctx["q_offset"],
+                             low=-(t_max - 1), high=t_max - 1, what=f"t_max={t_max}",
+                             hint="use a table with a larger t_max")
     dev = _xp.device(q)
 
     def index_of(t_qb, t_kb, off):
-        return sc.general_index(
-            t_qb, t_kb, t_max=t_max, q_offset=off, order=order, xp=xp, device=dev
-        ), None
+        return sc.general_index(t_qb, t_kb, t_max=t_max, q_offset=off, order=order, xp=xp,
+                                device=dev), None
 
-    return _Plan(
-        q, k, default_scale(q.shape[-1], ctx["scale"]), _per_query_block(table), _gathered(index_of)
-    )
+    return _Plan(q, k, default_scale(q.shape[-1], ctx["scale"]), _per_query_block(table),
+                 _gathered(index_of))
 
 
 def _plan_grid2d(xp, q, k, tables, p, ctx):
@@ -233,23 +198,13 @@ def _plan_grid2d(xp, q, k, tables, p, ctx):
     height = positive_int("height", p["height"])
     width = positive_int("width", p["width"])
     n = height * width
-    for name, table, side, size in (
-        ("row_table", row_table, "height", height),
-        ("col_table", col_table, "width", width),
-    ):
-        check_table(
-            name,
-            table,
-            q,
-            rows=2 * size - 1,
-            rows_rule=f" (2 {side} - 1 for {side} = {size})",
-            width=q.shape[-1],
-        )
+    for name, table, side, size in (("row_table", row_table, "height", height),
+                                    ("col_table", col_table, "width", width)):
+        check_table(name, table, q, rows=2 * size - 1,
+                    rows_rule=f" (2 {side} - 1 for {side} = {size})", width=q.shape[-1])
     if ctx["t_q"] != n or ctx["t_k"] != n or ctx["q_offset"] != 0:
-        msg = (
-            f"grid2d needs self-attention over the height * width = {n} tokens, got "
-            f"t_q={ctx['t_q']}, t_k={ctx['t_k']}, q_offset={ctx['q_offset']}"
-        )
+        msg = (f"grid2d needs self-attention over the height * width = {n} tokens, got "
+               f"t_q={ctx['t_q']}, t_k={ctx['t_k']}, q_offset={ctx['q_offset']}")
         raise ValueError(msg)
     dev = _xp.device(q)
     rows, cols = grid_positions(height, width, xp=xp, device=dev)
@@ -270,10 +225,8 @@ def _plan_grid2d(xp, q, k, tables, p, ctx):
 def _plan_t5(xp, q, k, tables, p, ctx):
     (table,) = _table(tables, 1, "t5", "table")
     table = _required("table", table, "t5")
-    opts = {
-        "bidirectional": p.get("bidirectional", True),
-        "max_distance": p.get("max_distance", 128),
-    }
+    opts = {"bidirectional": p.get("bidirectional", True),
+            "max_distance": p.get("max_distance", 128)}
     sc.t5_bias(table, 1, 1, **opts)  # validates
 
     def terms(_, q_blk, k_blk, i0, j0, off):
@@ -293,9 +246,8 @@ def _plan_alibi(xp, q, k, tables, p, ctx):
     sc.alibi_bias(slopes, 1, 1, symmetric=symmetric)
 
     def terms(_, q_blk, k_blk, i0, j0, off):
-        return None, sc.alibi_bias(
-            slopes, q_blk.shape[-2], k_blk.shape[-2], q_offset=off, symmetric=symmetric
-        )
+        return None, sc.alibi_bias(slopes, q_blk.shape[-2], k_blk.shape[-2], q_offset=off,
+                                   symmetric=symmetric)
 
     return _Plan(q, k, default_scale(q.shape[-1], ctx["scale"]), terms=terms)
 
@@ -307,10 +259,8 @@ def _plan_swin(xp, q, k, tables, p, ctx):
     bias = sc.swin_bias(table, wh, ww)  # (h, n, n) for one window: small by design
     n = bias.shape[-1]
     if ctx["t_q"] != n or ctx["t_k"] != n or ctx["q_offset"] != 0:
-        msg = (
-            f"swin needs self-attention over one {wh} x {ww} window ({n} tokens), got "
-            f"t_q={ctx['t_q']}, t_k={ctx['t_k']}, q_offset={ctx['q_offset']}"
-        )
+        msg = (f"swin needs self-attention over one {wh} x {ww} window ({n} tokens), got "
+               f"t_q={ctx['t_q']}, t_k={ctx['t_k']}, q_offset={ctx['q_offset']}")
         raise ValueError(msg)
 
     def terms(_, q_blk, k_blk, i0, j0, off):
@@ -321,11 +271,8 @@ def _plan_swin(xp, q, k, tables, p, ctx):
 
 def _plan_rope(xp, q, k, tables, p, ctx):
     _table(tables, 0, "rope", "none")
-    opts = {
-        "base": p.get("base", 10000.0),
-        "rotary_dim": p.get("rotary_dim"),
-        "layout": p.get("layout", "half"),
-    }
+    opts = {"base": p.get("base", 10000.0), "rotary_dim": p.get("rotary_dim"),
+            "layout": p.get("layout", "half")}
     q = sc.rope_rotate(q, offset=ctx["q_offset"], **opts)
     k = sc.rope_rotate(k, offset=0, **opts)
     return _Plan(q, k, default_scale(q.shape[-1], ctx["scale"]))
@@ -346,14 +293,12 @@ def _plan_transformer_xl(xp, q, k, tables, p, ctx):
 def _plan_deberta(xp, q, k, tables, p, ctx):
     key_table, query_table = _table(tables, 2, "deberta", "key_table, query_table")
     max_position = p.get("max_position")
-    sc.deberta_logits(
-        q[..., :1, :], k[..., :1, :], key_table, query_table, max_position=max_position
-    )
+    sc.deberta_logits(q[..., :1, :], k[..., :1, :], key_table, query_table,
+                      max_position=max_position)
 
     def terms(_, q_blk, k_blk, i0, j0, off):
-        return sc.deberta_logits(
-            q_blk, k_blk, key_table, query_table, max_position=max_position, q_offset=off
-        ), None
+        return sc.deberta_logits(q_blk, k_blk, key_table, query_table,
+                                 max_position=max_position, q_offset=off), None
 
     scale = ctx["scale"]
     if scale is None:
@@ -461,10 +406,8 @@ def blocked_attention(
     plan_of, known = _PLANS[scheme]
     unknown = sorted(set(params) - set(known))
     if unknown:
-        msg = (
-            f"unknown parameter(s) {', '.join(unknown)} for scheme {scheme!r}; "
-            f"known: {', '.join(known) or 'none'}"
-        )
+        msg = (f"unknown parameter(s) {', '.join(unknown)} for scheme {scheme!r}; "
+               f"known: {', '.join(known) or 'none'}")
         raise TypeError(msg)
     xp, batch = check_qkv(q, k, v)
     _xp.array_namespace(q, k, v, mask, *tables)
@@ -504,15 +447,8 @@ def blocked_attention(
                 position, bias = plan.terms(context, q_blk, k_blk, i0, j0, off)
                 content = xp.matmul(q_blk, xp.matrix_transpose(k_blk))
                 logits = compose_logits(content, scale=plan.scale, position=position, bias=bias)
-                allowed = allowed_keys(
-                    rows,
-                    j1 - j0,
-                    mask=_mask_tile(mask, i0, i1, j0, j1),
-                    causal=causal,
-                    q_offset=off,
-                    xp=xp,
-                    device=dev,
-                )
+                allowed = allowed_keys(rows, j1 - j0, mask=_mask_tile(mask, i0, i1, j0, j1),
+                                       causal=causal, q_offset=off, xp=xp, device=dev)
                 if allowed is not None:
                     logits = xp.where(allowed, logits, neg_inf)
                 new_m = xp.maximum(m, xp.max(logits, axis=-1, keepdims=True))

@@ -30,18 +30,12 @@ def add_commands(sub: Any) -> None:
             help="only cases whose id matches GLOB (repeatable), e.g. 'shaw/*/float32/*'",
         )
         p.add_argument(
-            "--dtypes",
-            nargs="+",
-            choices=FLOAT_DTYPES,
-            metavar="DTYPE",
+            "--dtypes", nargs="+", choices=FLOAT_DTYPES, metavar="DTYPE",
             help=f"only these dtypes under test ({', '.join(FLOAT_DTYPES)})",
         )
 
-    p = sub.add_parser(
-        "list",
-        help="list the default golden cases",
-        description="Print the ids of the default golden cases, one per line.",
-    )
+    p = sub.add_parser("list", help="list the default golden cases",
+                       description="Print the ids of the default golden cases, one per line.")
     selection(p)
 
     p = sub.add_parser(
@@ -56,24 +50,12 @@ def add_commands(sub: Any) -> None:
     )
     p.add_argument("--out", required=True, metavar="DIR", help="suite directory to write")
     selection(p)
-    p.add_argument(
-        "--backend",
-        choices=GOLDEN_BACKENDS,
-        default="numpy",
-        help="where the float64 goldens are computed (default numpy)",
-    )
-    p.add_argument(
-        "--format",
-        choices=FORMATS,
-        default="safetensors",
-        dest="fmt",
-        help="file format of the cases (default safetensors)",
-    )
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="replace a different suite (or other files) already in DIR",
-    )
+    p.add_argument("--backend", choices=GOLDEN_BACKENDS, default="numpy",
+                   help="where the float64 goldens are computed (default numpy)")
+    p.add_argument("--format", choices=FORMATS, default="safetensors", dest="fmt",
+                   help="file format of the cases (default safetensors)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a different suite (or other files) already in DIR")
 
     p = sub.add_parser(
         "verify",
@@ -81,12 +63,8 @@ def add_commands(sub: Any) -> None:
         description="Exit status 0 when the suite is intact, 1 when anything differs.",
     )
     p.add_argument("dir", metavar="DIR")
-    p.add_argument(
-        "--backend",
-        choices=GOLDEN_BACKENDS,
-        default="numpy",
-        help="where to recompute the goldens (default numpy)",
-    )
+    p.add_argument("--backend", choices=GOLDEN_BACKENDS, default="numpy",
+                   help="where to recompute the goldens (default numpy)")
 
     p = sub.add_parser(
         "check",
@@ -99,12 +77,8 @@ def add_commands(sub: Any) -> None:
     )
     p.add_argument("dir", metavar="DIR", help="the golden suite")
     p.add_argument("obtained", metavar="OBTAINED", help="directory with your results")
-    p.add_argument(
-        "--select",
-        action="append",
-        metavar="GLOB",
-        help="only cases whose id matches GLOB (repeatable)",
-    )
+    p.add_argument("--select", action="append", metavar="GLOB",
+                   help="only cases whose id matches GLOB (repeatable)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--verbose", action="store_true", help="also list matching cases")
 
@@ -125,11 +99,7 @@ def run(args: argparse.Namespace) -> tuple[int, str]:
         cases = golden.default_cases().select(args.select, dtypes=args.dtypes)
         start = time.perf_counter()
         result = golden.generate(
-            args.out,
-            cases,
-            fmt=args.fmt,
-            backend=args.backend,
-            force=args.force,
+            args.out, cases, fmt=args.fmt, backend=args.backend, force=args.force,
             progress=Progress(len(cases), "generate"),
         )
         took = time.perf_counter() - start

@@ -185,11 +185,10 @@ def test_every_page_is_in_a_toctree():
     for page in PAGES:
         if page == DOCS / "index.md":
             continue
-        index = page.parent / "index.md" if page.name != "index.md" else DOCS / "index.md"
-        if page.parent == DOCS:
-            index = DOCS / "index.md"
-        entry = page.stem if page.name != "index.md" else f"{page.parent.name}/index"
-        toctrees = re.findall(r"```\{toctree\}(.*?)```", index.read_text(encoding="utf-8"), re.S)
+        nested = page.parent != DOCS and page.name != "index.md"
+        parent = page.parent / "index.md" if nested else DOCS / "index.md"
+        entry = page.stem if page.parent == DOCS or nested else f"{page.parent.name}/index"
+        toctrees = re.findall(r"```\{toctree\}(.*?)```", parent.read_text(encoding="utf-8"), re.S)
         assert any(re.search(rf"^{re.escape(entry)}$", t, re.M) for t in toctrees), page
 
 

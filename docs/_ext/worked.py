@@ -229,19 +229,9 @@ def worked_stacked_diagonals(
         rp.pad_flatten_reshape(xp.asarray(window), t_k, offset=-r_min, q_offset=q_offset)
     )
     _check(out, lib, "stacked_diagonals")
-    column = (lambda r: r + t_max - 1) if order == "past_to_future" else (lambda r: t_max - 1 - r)
-    want = np.asarray(
-        rp.gather(
-            xp.asarray(
-                x[:, [column(r) for r in range(-(t_max - 1), t_max)]]
-                if order == "future_to_past"
-                else x
-            ),
-            t_k,
-            offset=t_max - 1,
-            q_offset=q_offset,
-        )
-    )
+    # The definition reads a past-to-future table: flip a future-to-past one.
+    canonical = x if order == "past_to_future" else np.flip(x, axis=1)
+    want = np.asarray(rp.gather(xp.asarray(canonical), t_k, offset=t_max - 1, q_offset=q_offset))
     _check(out, want, "stacked_diagonals vs gather")
     verb = "slice" if order == "past_to_future" else "slice and flip"
     return [

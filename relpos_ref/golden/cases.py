@@ -22,21 +22,8 @@ __all__ = ["Case", "CaseRegistry", "default_cases", "select_ids"]
 
 _VARIANT = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _POSITIVE = (
-    "b",
-    "h",
-    "t_q",
-    "t_k",
-    "d",
-    "K",
-    "M",
-    "t_max",
-    "height",
-    "width",
-    "buckets",
-    "max_distance",
-    "d_model",
-    "span",
-    "max_position",
+    "b", "h", "t_q", "t_k", "d", "K", "M", "t_max", "height", "width", "buckets", "max_distance",
+    "d_model", "span", "max_position",
 )
 
 
@@ -100,10 +87,8 @@ class Case:
         full.update(spec.derive(full))
         for name in _POSITIVE:
             value = full.get(name)
-            if (
-                name in full
-                and value is not None
-                and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
+            if name in full and value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
             ):
                 msg = f"`{name}` must be an integer >= 1, got {value!r}"
                 raise ValueError(msg)
@@ -234,9 +219,8 @@ class CaseRegistry:
                     raise ValueError(msg)
             cases = [c for c in cases if c.dtype in dtypes]
         if patterns:
-            keep = select_ids(
-                [c.id for c in cases], patterns, hint="`relpos-ref list` shows the case ids"
-            )
+            keep = select_ids([c.id for c in cases], patterns,
+                              hint="`relpos-ref list` shows the case ids")
             cases = [c for c in cases if c.id in keep]
         if not cases:
             msg = "the selection contains no case"
@@ -249,217 +233,77 @@ def _base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
     return [
         # absolute: a key-position row per key
         ("absolute", "plain", {"b": 2, "h": 3, "t_q": 9, "t_k": 9, "d": 16}),
-        (
-            "absolute",
-            "cross-causal",
-            {
-                "h": 2,
-                "t_q": 5,
-                "t_k": 12,
-                "d": 8,
-                "rows": 16,
-                "causal": True,
-                "q_offset": 7,
-                "per_head": True,
-            },
-        ),
+        ("absolute", "cross-causal", {"h": 2, "t_q": 5, "t_k": 12, "d": 8, "rows": 16,
+                                      "causal": True, "q_offset": 7, "per_head": True}),
         # shaw: clipped two-sided tables, keys and values
         ("shaw", "clip", {"b": 2, "h": 4, "t_q": 17, "t_k": 33, "d": 16, "K": 4}),
-        ("shaw", "zero", {"b": 2, "h": 4, "t_q": 17, "t_k": 33, "d": 16, "K": 4, "beyond": "zero"}),
+        ("shaw", "zero", {"b": 2, "h": 4, "t_q": 17, "t_k": 33, "d": 16, "K": 4,
+                          "beyond": "zero"}),
         ("shaw", "error-edge", {"h": 2, "t_q": 9, "t_k": 9, "d": 8, "K": 8, "beyond": "error"}),
-        (
-            "shaw",
-            "per-head-causal-end",
-            {
-                "h": 3,
-                "t_q": 5,
-                "t_k": 12,
-                "d": 8,
-                "K": 3,
-                "per_head": True,
-                "causal": True,
-                "q_offset": 7,
-            },
-        ),
+        ("shaw", "per-head-causal-end", {"h": 3, "t_q": 5, "t_k": 12, "d": 8, "K": 3,
+                                         "per_head": True, "causal": True, "q_offset": 7}),
         ("shaw", "masked", {"h": 2, "t_q": 8, "t_k": 8, "d": 8, "K": 2, "masked": True}),
         ("shaw", "length-1", {"t_q": 1, "t_k": 1, "d": 4, "K": 2}),
         ("shaw", "keys-only", {"h": 2, "t_q": 6, "t_k": 6, "d": 8, "K": 2, "values": False}),
         # bias: learned scalar per distance, added after scaling
         ("bias", "clip", {"h": 3, "t_q": 7, "t_k": 11, "d": 8, "K": 3, "per_head": True}),
-        (
-            "bias",
-            "zero-causal",
-            {
-                "h": 3,
-                "t_q": 11,
-                "t_k": 11,
-                "d": 8,
-                "K": 3,
-                "beyond": "zero",
-                "causal": True,
-                "per_head": True,
-            },
-        ),
-        (
-            "bias",
-            "decode-step",
-            {
-                "h": 2,
-                "t_q": 1,
-                "t_k": 16,
-                "d": 8,
-                "K": 4,
-                "causal": True,
-                "q_offset": 15,
-                "scale": 1.0,
-            },
-        ),
+        ("bias", "zero-causal", {"h": 3, "t_q": 11, "t_k": 11, "d": 8, "K": 3, "beyond": "zero",
+                                 "causal": True, "per_head": True}),
+        ("bias", "decode-step", {"h": 2, "t_q": 1, "t_k": 16, "d": 8, "K": 4, "causal": True,
+                                 "q_offset": 15, "scale": 1.0}),
         # music: one-sided causal table through the skew
         ("music", "skew", {"h": 2, "t_q": 16, "t_k": 16, "d": 8, "M": 16, "values": True}),
-        (
-            "music",
-            "clip-end-aligned",
-            {"h": 3, "t_q": 5, "t_k": 20, "d": 8, "M": 8, "q_offset": 15, "per_head": True},
-        ),
-        (
-            "music",
-            "zero",
-            {"h": 2, "t_q": 12, "t_k": 12, "d": 8, "M": 6, "beyond": "zero", "masked": True},
-        ),
+        ("music", "clip-end-aligned", {"h": 3, "t_q": 5, "t_k": 20, "d": 8, "M": 8,
+                                       "q_offset": 15, "per_head": True}),
+        ("music", "zero", {"h": 2, "t_q": 12, "t_k": 12, "d": 8, "M": 6, "beyond": "zero",
+                           "masked": True}),
         ("music", "start-aligned", {"t_q": 6, "t_k": 10, "d": 8, "M": 10}),
         # general: any t_q, t_k through stacked diagonals
         ("general", "full", {"h": 2, "t_q": 12, "t_k": 12, "d": 8, "t_max": 12}),
-        (
-            "general",
-            "cross-future-to-past",
-            {
-                "h": 3,
-                "t_q": 7,
-                "t_k": 13,
-                "d": 8,
-                "t_max": 13,
-                "q_offset": 3,
-                "order": "future_to_past",
-                "per_head": True,
-            },
-        ),
-        (
-            "general",
-            "causal-end",
-            {"h": 2, "t_q": 4, "t_k": 10, "d": 8, "t_max": 10, "q_offset": 6, "causal": True},
-        ),
+        ("general", "cross-future-to-past", {"h": 3, "t_q": 7, "t_k": 13, "d": 8, "t_max": 13,
+                                             "q_offset": 3, "order": "future_to_past",
+                                             "per_head": True}),
+        ("general", "causal-end", {"h": 2, "t_q": 4, "t_k": 10, "d": 8, "t_max": 10,
+                                   "q_offset": 6, "causal": True}),
         # grid2d: row and column tables on a row-major grid
         ("grid2d", "non-square", {"b": 2, "h": 2, "d": 8, "height": 3, "width": 5}),
-        (
-            "grid2d",
-            "per-head-masked",
-            {"h": 3, "d": 8, "height": 4, "width": 4, "per_head": True, "masked": True},
-        ),
+        ("grid2d", "per-head-masked", {"h": 3, "d": 8, "height": 4, "width": 4,
+                                       "per_head": True, "masked": True}),
         ("grid2d", "one-token", {"d": 4, "height": 1, "width": 1}),
         # t5: bucketed scalar bias, unscaled
-        (
-            "t5",
-            "bidirectional",
-            {
-                "h": 3,
-                "t_q": 20,
-                "t_k": 40,
-                "d": 8,
-                "buckets": 32,
-                "max_distance": 16,
-                "per_head": True,
-            },
-        ),
-        (
-            "t5",
-            "causal-decode",
-            {
-                "h": 2,
-                "t_q": 4,
-                "t_k": 64,
-                "d": 8,
-                "buckets": 32,
-                "max_distance": 32,
-                "bidirectional": False,
-                "causal": True,
-                "q_offset": 60,
-                "per_head": True,
-            },
-        ),
+        ("t5", "bidirectional", {"h": 3, "t_q": 20, "t_k": 40, "d": 8, "buckets": 32,
+                                 "max_distance": 16, "per_head": True}),
+        ("t5", "causal-decode", {"h": 2, "t_q": 4, "t_k": 64, "d": 8, "buckets": 32,
+                                 "max_distance": 32, "bidirectional": False, "causal": True,
+                                 "q_offset": 60, "per_head": True}),
         # alibi: linear biases, slopes for head counts that are not powers of two
         ("alibi", "symmetric", {"h": 6, "t_q": 9, "t_k": 13, "d": 8}),
-        (
-            "alibi",
-            "causal-end",
-            {
-                "h": 5,
-                "t_q": 4,
-                "t_k": 12,
-                "d": 8,
-                "causal": True,
-                "q_offset": 8,
-                "symmetric": False,
-            },
-        ),
+        ("alibi", "causal-end", {"h": 5, "t_q": 4, "t_k": 12, "d": 8, "causal": True,
+                                 "q_offset": 8, "symmetric": False}),
         # swin: 2D bias table of a window, non-square
-        ("swin", "non-square", {"b": 2, "h": 3, "d": 8, "height": 2, "width": 3, "per_head": True}),
-        (
-            "swin",
-            "masked",
-            {"h": 2, "d": 8, "height": 3, "width": 3, "per_head": True, "masked": True},
-        ),
+        ("swin", "non-square", {"b": 2, "h": 3, "d": 8, "height": 2, "width": 3,
+                                "per_head": True}),
+        ("swin", "masked", {"h": 2, "d": 8, "height": 3, "width": 3, "per_head": True,
+                            "masked": True}),
         # rope: both pairings, partial rotation, an offset
-        (
-            "rope",
-            "half-partial-end",
-            {"h": 2, "t_q": 5, "t_k": 11, "d": 16, "rotary_dim": 8, "q_offset": 6, "causal": True},
-        ),
-        (
-            "rope",
-            "interleaved",
-            {"h": 2, "t_q": 9, "t_k": 9, "d": 8, "layout": "interleaved", "base": 100.0},
-        ),
+        ("rope", "half-partial-end", {"h": 2, "t_q": 5, "t_k": 11, "d": 16, "rotary_dim": 8,
+                                      "q_offset": 6, "causal": True}),
+        ("rope", "interleaved", {"h": 2, "t_q": 9, "t_k": 9, "d": 8, "layout": "interleaved",
+                                 "base": 100.0}),
         # transformer_xl: a memory before the segment, causal, through rel_shift
-        (
-            "transformer_xl",
-            "memory",
-            {"h": 2, "t_q": 6, "t_k": 16, "d": 8, "q_offset": 10, "per_head": True},
-        ),
-        (
-            "transformer_xl",
-            "clamped",
-            {"h": 3, "t_q": 8, "t_k": 12, "d": 8, "q_offset": 4, "clamp_len": 3, "masked": True},
-        ),
-        (
-            "transformer_xl",
-            "bidirectional",
-            {
-                "h": 2,
-                "t_q": 5,
-                "t_k": 9,
-                "d": 8,
-                "q_offset": 4,
-                "causal": False,
-                "d_model": 6,
-                "biases": False,
-            },
-        ),
+        ("transformer_xl", "memory", {"h": 2, "t_q": 6, "t_k": 16, "d": 8, "q_offset": 10,
+                                      "per_head": True}),
+        ("transformer_xl", "clamped", {"h": 3, "t_q": 8, "t_k": 12, "d": 8, "q_offset": 4,
+                                       "clamp_len": 3, "masked": True}),
+        ("transformer_xl", "bidirectional", {"h": 2, "t_q": 5, "t_k": 9, "d": 8, "q_offset": 4,
+                                             "causal": False, "d_model": 6, "biases": False}),
         # deberta: c2p and p2c, log buckets, t_q != t_k
-        (
-            "deberta",
-            "log-buckets",
-            {"h": 2, "t_q": 24, "t_k": 24, "d": 8, "span": 8, "max_position": 16, "per_head": True},
-        ),
-        (
-            "deberta",
-            "cross-offset",
-            {"h": 3, "t_q": 5, "t_k": 11, "d": 8, "span": 4, "q_offset": 3, "masked": True},
-        ),
-        (
-            "deberta",
-            "c2p-only",
-            {"h": 2, "t_q": 7, "t_k": 7, "d": 8, "span": 3, "p2c": False, "causal": True},
-        ),
+        ("deberta", "log-buckets", {"h": 2, "t_q": 24, "t_k": 24, "d": 8, "span": 8,
+                                    "max_position": 16, "per_head": True}),
+        ("deberta", "cross-offset", {"h": 3, "t_q": 5, "t_k": 11, "d": 8, "span": 4,
+                                     "q_offset": 3, "masked": True}),
+        ("deberta", "c2p-only", {"h": 2, "t_q": 7, "t_k": 7, "d": 8, "span": 3, "p2c": False,
+                                 "causal": True}),
     ]
 
 

@@ -63,10 +63,8 @@ class ArrayResult:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["worst_index"] = list(self.worst_index)
         out["ratio_to_naive"] = self.ratio_to_naive
-        return {
-            k: (repr(v) if isinstance(v, float) and not np.isfinite(v) else v)
-            for k, v in out.items()
-        }
+        return {k: (repr(v) if isinstance(v, float) and not np.isfinite(v) else v)
+                for k, v in out.items()}
 
     def summary(self) -> str:
         """One line: name, verdict, worst element and the ratio to the naive error."""
@@ -104,7 +102,10 @@ def _obtained_dtype_problem(name: str, role: str, got: np.dtype, case_dtype: str
             return f"`{name}` must be a floating array, got dtype {gname}"
         if role == "input" and gname != case_dtype:
             return f"`{name}` is an input stored in {case_dtype}, got dtype {gname}"
-        ok = gname == case_dtype or _FLOAT_BITS[gname] > _FLOAT_BITS[case_dtype]
+        ok = (
+            gname == case_dtype
+            or _FLOAT_BITS[gname] > _FLOAT_BITS[case_dtype]
+        )
         if not ok:
             return (
                 f"`{name}` has dtype {gname}, narrower than the case's {case_dtype}; "

@@ -163,7 +163,9 @@ def naive_arrays(case: Case, inputs: Mapping[str, np.ndarray]) -> dict[str, np.n
     def store(x: Any) -> Any:
         return np.asarray(x).astype(storage).astype(compute)
 
-    arrays = {name: a if a.dtype == np.bool_ else a.astype(compute) for name, a in inputs.items()}
+    arrays = {
+        name: a if a.dtype == np.bool_ else a.astype(compute) for name, a in inputs.items()
+    }
     result = evaluate(
         case, xp, arrays, method=naive_method(case), store=store, matmul=elementwise_matmul
     )

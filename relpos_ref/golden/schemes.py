@@ -146,12 +146,8 @@ def _shaw_terms(xp, arrays, p, method):
         beyond=p["beyond"],
         method=method,
     )
-    return {
-        "distance": _distance(xp, arrays, p),
-        "index": index,
-        "valid": valid,
-        "position": position,
-    }
+    return {"distance": _distance(xp, arrays, p), "index": index, "valid": valid,
+            "position": position}
 
 
 def _shaw_values(weights, arrays, p, method):
@@ -177,15 +173,8 @@ SHAW = SchemeSpec(
     terms=_shaw_terms,
     values=_shaw_values,
     attention=lambda a, p, m: sc.shaw_attention(
-        a["q"],
-        a["k"],
-        a["v"],
-        a["key_table"],
-        a.get("value_table"),
-        q_offset=p["q_offset"],
-        beyond=p["beyond"],
-        method=m,
-        **_common(a, p),
+        a["q"], a["k"], a["v"], a["key_table"], a.get("value_table"),
+        q_offset=p["q_offset"], beyond=p["beyond"], method=m, **_common(a, p),
     ),
 )
 
@@ -207,12 +196,7 @@ BIAS = SchemeSpec(
     tables=lambda p: {"table": _rows(p, 2 * p["K"] + 1, None)},
     terms=_bias_terms,
     attention=lambda a, p, m: sc.bias_attention(
-        a["q"],
-        a["k"],
-        a["v"],
-        a["table"],
-        q_offset=p["q_offset"],
-        beyond=p["beyond"],
+        a["q"], a["k"], a["v"], a["table"], q_offset=p["q_offset"], beyond=p["beyond"],
         **_common(a, p),
     ),
     has_efficient=lambda p: False,
@@ -232,19 +216,11 @@ def _music_terms(xp, arrays, p, method):
         device=_device(arrays),
     )
     position = sc.music_logits(
-        arrays["q"],
-        arrays["table"],
-        p["t_k"],
-        q_offset=p["q_offset"],
-        beyond=p["beyond"],
+        arrays["q"], arrays["table"], p["t_k"], q_offset=p["q_offset"], beyond=p["beyond"],
         method=method,
     )
-    return {
-        "distance": _distance(xp, arrays, p),
-        "index": index,
-        "valid": valid,
-        "position": position,
-    }
+    return {"distance": _distance(xp, arrays, p), "index": index, "valid": valid,
+            "position": position}
 
 
 def _music_values(weights, arrays, p, method):
@@ -270,15 +246,8 @@ MUSIC = SchemeSpec(
     terms=_music_terms,
     values=_music_values,
     attention=lambda a, p, m: sc.music_attention(
-        a["q"],
-        a["k"],
-        a["v"],
-        a["table"],
-        a.get("value_table"),
-        q_offset=p["q_offset"],
-        beyond=p["beyond"],
-        method=m,
-        **_common(a, p),
+        a["q"], a["k"], a["v"], a["table"], a.get("value_table"),
+        q_offset=p["q_offset"], beyond=p["beyond"], method=m, **_common(a, p),
     ),
     # the skew needs end-aligned queries
     has_efficient=lambda p: p["q_offset"] == p["t_k"] - p["t_q"],
@@ -289,20 +258,11 @@ MUSIC = SchemeSpec(
 
 def _general_terms(xp, arrays, p, method):
     index = sc.general_index(
-        p["t_q"],
-        p["t_k"],
-        t_max=p["t_max"],
-        q_offset=p["q_offset"],
-        order=p["order"],
-        xp=xp,
+        p["t_q"], p["t_k"], t_max=p["t_max"], q_offset=p["q_offset"], order=p["order"], xp=xp,
         device=_device(arrays),
     )
     position = sc.general_logits(
-        arrays["q"],
-        arrays["table"],
-        p["t_k"],
-        q_offset=p["q_offset"],
-        order=p["order"],
+        arrays["q"], arrays["table"], p["t_k"], q_offset=p["q_offset"], order=p["order"],
         method=method,
     )
     return {"distance": _distance(xp, arrays, p), "index": index, "position": position}
@@ -315,14 +275,8 @@ GENERAL = SchemeSpec(
     tables=lambda p: {"table": _rows(p, 2 * p["t_max"] - 1, p["d"])},
     terms=_general_terms,
     attention=lambda a, p, m: sc.general_attention(
-        a["q"],
-        a["k"],
-        a["v"],
-        a["table"],
-        q_offset=p["q_offset"],
-        order=p["order"],
-        method=m,
-        **_common(a, p),
+        a["q"], a["k"], a["v"], a["table"], q_offset=p["q_offset"], order=p["order"],
+        method=m, **_common(a, p),
     ),
 )
 
@@ -332,12 +286,8 @@ GENERAL = SchemeSpec(
 def _grid2d_terms(xp, arrays, p, method):
     rows, cols = sc.grid2d_index(p["height"], p["width"], xp=xp, device=_device(arrays))
     position = sc.grid2d_logits(
-        arrays["q"],
-        arrays["row_table"],
-        arrays["col_table"],
-        height=p["height"],
-        width=p["width"],
-        method=method,
+        arrays["q"], arrays["row_table"], arrays["col_table"], height=p["height"],
+        width=p["width"], method=method,
     )
     return {"index_rows": rows, "index_cols": cols, "position": position}
 
@@ -352,15 +302,8 @@ GRID2D = SchemeSpec(
     },
     terms=_grid2d_terms,
     attention=lambda a, p, m: sc.grid2d_attention(
-        a["q"],
-        a["k"],
-        a["v"],
-        a["row_table"],
-        a["col_table"],
-        height=p["height"],
-        width=p["width"],
-        method=m,
-        **_common(a, p),
+        a["q"], a["k"], a["v"], a["row_table"], a["col_table"], height=p["height"],
+        width=p["width"], method=m, **_common(a, p),
     ),
     derive=lambda p: {"t_q": p["height"] * p["width"], "t_k": p["height"] * p["width"]},
 )
@@ -371,18 +314,12 @@ GRID2D = SchemeSpec(
 def _t5_terms(xp, arrays, p, method):
     r = _distance(xp, arrays, p)
     bucket = sc.t5_bucket(
-        r,
-        num_buckets=p["buckets"],
-        max_distance=p["max_distance"],
+        r, num_buckets=p["buckets"], max_distance=p["max_distance"],
         bidirectional=p["bidirectional"],
     )
     bias = sc.t5_bias(
-        arrays["table"],
-        p["t_q"],
-        p["t_k"],
-        q_offset=p["q_offset"],
-        bidirectional=p["bidirectional"],
-        max_distance=p["max_distance"],
+        arrays["table"], p["t_q"], p["t_k"], q_offset=p["q_offset"],
+        bidirectional=p["bidirectional"], max_distance=p["max_distance"],
     )
     return {"distance": r, "index": bucket, "bias": bias}
 
@@ -394,14 +331,8 @@ T5 = SchemeSpec(
     tables=lambda p: {"table": _rows(p, p["buckets"], None)},
     terms=_t5_terms,
     attention=lambda a, p, m: sc.t5_attention(
-        a["q"],
-        a["k"],
-        a["v"],
-        a["table"],
-        q_offset=p["q_offset"],
-        bidirectional=p["bidirectional"],
-        max_distance=p["max_distance"],
-        **_common(a, p),
+        a["q"], a["k"], a["v"], a["table"], q_offset=p["q_offset"],
+        bidirectional=p["bidirectional"], max_distance=p["max_distance"], **_common(a, p),
     ),
     has_efficient=lambda p: False,
 )
@@ -416,10 +347,7 @@ def _alibi_slopes(xp, arrays, p):
 
 def _alibi_terms(xp, arrays, p, method):
     bias = sc.alibi_bias(
-        _alibi_slopes(xp, arrays, p),
-        p["t_q"],
-        p["t_k"],
-        q_offset=p["q_offset"],
+        _alibi_slopes(xp, arrays, p), p["t_q"], p["t_k"], q_offset=p["q_offset"],
         symmetric=p["symmetric"],
     )
     return {"distance": _distance(xp, arrays, p), "bias": bias}
@@ -432,11 +360,7 @@ ALIBI = SchemeSpec(
     tables=lambda p: {},
     terms=_alibi_terms,
     attention=lambda a, p, m: sc.alibi_attention(
-        a["q"],
-        a["k"],
-        a["v"],
-        q_offset=p["q_offset"],
-        symmetric=p["symmetric"],
+        a["q"], a["k"], a["v"], q_offset=p["q_offset"], symmetric=p["symmetric"],
         **_common(a, p),
     ),
     has_efficient=lambda p: False,
@@ -454,18 +378,13 @@ SWIN = SchemeSpec(
     name="swin",
     defaults={"height": 2, "width": 2},
     label=lambda p: f"w{p['height']}x{p['width']}",
-    tables=lambda p: {"table": _rows(p, (2 * p["height"] - 1) * (2 * p["width"] - 1), None)},
+    tables=lambda p: {
+        "table": _rows(p, (2 * p["height"] - 1) * (2 * p["width"] - 1), None)
+    },
     terms=_swin_terms,
     attention=lambda a, p, m: sc.swin_attention(
-        a["q"],
-        a["k"],
-        a["v"],
-        a["table"],
-        window_height=p["height"],
-        window_width=p["width"],
-        scale=p["scale"],
-        mask=a.get("mask"),
-        return_weights=True,
+        a["q"], a["k"], a["v"], a["table"], window_height=p["height"], window_width=p["width"],
+        scale=p["scale"], mask=a.get("mask"), return_weights=True,
     ),
     has_efficient=lambda p: False,
     derive=lambda p: {"t_q": p["height"] * p["width"], "t_k": p["height"] * p["width"]},
@@ -490,14 +409,8 @@ ROPE = SchemeSpec(
     tables=lambda p: {},
     terms=_rope_terms,
     attention=lambda a, p, m: sc.rope_attention(
-        a["q"],
-        a["k"],
-        a["v"],
-        base=p["base"],
-        rotary_dim=p["rotary_dim"],
-        layout=p["layout"],
-        q_offset=p["q_offset"],
-        **_common(a, p),
+        a["q"], a["k"], a["v"], base=p["base"], rotary_dim=p["rotary_dim"], layout=p["layout"],
+        q_offset=p["q_offset"], **_common(a, p),
     ),
     has_efficient=lambda p: False,
 )
@@ -511,21 +424,12 @@ def _txl_biases(arrays):
 
 def _txl_terms(xp, arrays, p, method):
     delta = sc.transformer_xl_distance(
-        p["t_q"],
-        p["t_k"],
-        q_offset=p["q_offset"],
-        clamp_len=p["clamp_len"],
-        xp=xp,
+        p["t_q"], p["t_k"], q_offset=p["q_offset"], clamp_len=p["clamp_len"], xp=xp,
         device=_device(arrays),
     )
     position = sc.transformer_xl_logits(
-        arrays["q"],
-        arrays["k"],
-        arrays["w_r"],
-        *_txl_biases(arrays),
-        q_offset=p["q_offset"],
-        clamp_len=p["clamp_len"],
-        method=method,
+        arrays["q"], arrays["k"], arrays["w_r"], *_txl_biases(arrays), q_offset=p["q_offset"],
+        clamp_len=p["clamp_len"], method=method,
     )
     return {"distance": _distance(xp, arrays, p), "delta": delta, "position": position}
 
@@ -545,15 +449,8 @@ TRANSFORMER_XL = SchemeSpec(
     tables=_txl_tables,
     terms=_txl_terms,
     attention=lambda a, p, m: sc.transformer_xl_attention(
-        a["q"],
-        a["k"],
-        a["v"],
-        a["w_r"],
-        *_txl_biases(a),
-        clamp_len=p["clamp_len"],
-        q_offset=p["q_offset"],
-        method=m,
-        **_common(a, p),
+        a["q"], a["k"], a["v"], a["w_r"], *_txl_biases(a), clamp_len=p["clamp_len"],
+        q_offset=p["q_offset"], method=m, **_common(a, p),
     ),
 )
 
@@ -572,22 +469,12 @@ def _deberta_tables(p):
 def _deberta_terms(xp, arrays, p, method):
     r = _distance(xp, arrays, p)
     index = sc.deberta_index(
-        p["t_q"],
-        p["t_k"],
-        span=p["span"],
-        max_position=p["max_position"],
-        q_offset=p["q_offset"],
-        xp=xp,
-        device=_device(arrays),
+        p["t_q"], p["t_k"], span=p["span"], max_position=p["max_position"],
+        q_offset=p["q_offset"], xp=xp, device=_device(arrays),
     )
     position = sc.deberta_logits(
-        arrays["q"],
-        arrays["k"],
-        arrays.get("key_table"),
-        arrays.get("query_table"),
-        max_position=p["max_position"],
-        q_offset=p["q_offset"],
-        method=method,
+        arrays["q"], arrays["k"], arrays.get("key_table"), arrays.get("query_table"),
+        max_position=p["max_position"], q_offset=p["q_offset"], method=method,
     )
     out = {"distance": r, "index": index, "position": position}
     if p["max_position"] is not None:
@@ -605,21 +492,13 @@ def _deberta_scale(p):
 DEBERTA = SchemeSpec(
     name="deberta",
     defaults={"span": 8, "max_position": None, "c2p": True, "p2c": True},
-    label=lambda p: (
-        f"S{p['span']}" + ("" if p["max_position"] is None else f"-P{p['max_position']}")
-    ),
+    label=lambda p: f"S{p['span']}"
+    + ("" if p["max_position"] is None else f"-P{p['max_position']}"),
     tables=_deberta_tables,
     terms=_deberta_terms,
     attention=lambda a, p, m: sc.deberta_attention(
-        a["q"],
-        a["k"],
-        a["v"],
-        a.get("key_table"),
-        a.get("query_table"),
-        max_position=p["max_position"],
-        q_offset=p["q_offset"],
-        method=m,
-        **_common(a, p),
+        a["q"], a["k"], a["v"], a.get("key_table"), a.get("query_table"),
+        max_position=p["max_position"], q_offset=p["q_offset"], method=m, **_common(a, p),
     ),
     derive=_deberta_scale,
 )
@@ -628,17 +507,7 @@ DEBERTA = SchemeSpec(
 SCHEMES: Mapping[str, SchemeSpec] = {
     s.name: s
     for s in (
-        ABSOLUTE,
-        SHAW,
-        BIAS,
-        MUSIC,
-        GENERAL,
-        GRID2D,
-        T5,
-        ALIBI,
-        SWIN,
-        ROPE,
-        TRANSFORMER_XL,
+        ABSOLUTE, SHAW, BIAS, MUSIC, GENERAL, GRID2D, T5, ALIBI, SWIN, ROPE, TRANSFORMER_XL,
         DEBERTA,
     )
 }

@@ -208,7 +208,9 @@ def _files(root: Path) -> dict[str, Path]:
 
 def _same_tree(a: Path, b: Path) -> bool:
     fa, fb = _files(a), _files(b)
-    return fa.keys() == fb.keys() and all(fa[n].read_bytes() == fb[n].read_bytes() for n in fa)
+    return fa.keys() == fb.keys() and all(
+        fa[n].read_bytes() == fb[n].read_bytes() for n in fa
+    )
 
 
 def generate(
@@ -373,7 +375,9 @@ class GoldenCase:
         return float(self.entry["scale"])
 
     def _role(self, *roles: str) -> dict[str, np.ndarray]:
-        return {n: a for n, a in self.arrays.items() if self.entry["arrays"][n]["role"] in roles}
+        return {
+            n: a for n, a in self.arrays.items() if self.entry["arrays"][n]["role"] in roles
+        }
 
     @property
     def inputs(self) -> dict[str, np.ndarray]:
@@ -530,10 +534,8 @@ def _verify_case(
         info = entry["arrays"][name]
         report.arrays += 1
         if a.dtype.name != info["dtype"] or list(a.shape) != info["shape"]:
-            problems.append(
-                f"{cid}: `{name}` is {a.dtype.name} {list(a.shape)}, manifest says "
-                f"{info['dtype']} {info['shape']}"
-            )
+            problems.append(f"{cid}: `{name}` is {a.dtype.name} {list(a.shape)}, manifest says "
+                            f"{info['dtype']} {info['shape']}")
         elif array_sha256(a) != info["sha256"]:
             problems.append(f"{cid}: `{name}` SHA-256 differs from the manifest (data changed)")
     if problems:
@@ -545,10 +547,7 @@ def _recompute(entry: dict[str, Any], stored: dict[str, np.ndarray], be: _Backen
     cid = entry["id"]
     try:
         case = Case.make(
-            entry["scheme"],
-            entry["variant"],
-            dtype=entry["dtype"],
-            seed=entry["seed"],
+            entry["scheme"], entry["variant"], dtype=entry["dtype"], seed=entry["seed"],
             **entry["params"],
         )
     except (ValueError, TypeError) as exc:

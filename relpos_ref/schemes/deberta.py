@@ -223,10 +223,8 @@ def deberta_index(
     t_q = nonnegative_int("t_q", t_q)
     t_k = nonnegative_int("t_k", t_k)
     r = relative_positions(t_q, t_k, q_offset=as_int("q_offset", q_offset), xp=xp, device=device)
-    b = (
-        r
-        if max_position is None
-        else deberta_bucket(r, bucket_size=span, max_position=max_position)
+    b = r if max_position is None else deberta_bucket(
+        r, bucket_size=span, max_position=max_position
     )
     return xp.clip(b, -(span - 1), span) + (span - 1)
 
@@ -301,12 +299,7 @@ def deberta_logits(
         )
         raise ValueError(msg)
     index = deberta_index(
-        t_q,
-        t_k,
-        span=spans.pop(),
-        max_position=max_position,
-        q_offset=q_offset,
-        xp=xp,
+        t_q, t_k, span=spans.pop(), max_position=max_position, q_offset=q_offset, xp=xp,
         device=dev,
     )
     if key_table is not None:
@@ -377,22 +370,10 @@ def deberta_attention(
         factor = 1 + sum(t is not None for t in (key_table, query_table))
         scale = default_scale(q.shape[-1] * factor)
     position = deberta_logits(
-        q,
-        k,
-        key_table,
-        query_table,
-        max_position=max_position,
-        q_offset=q_offset,
+        q, k, key_table, query_table, max_position=max_position, q_offset=q_offset,
         method=method,
     )
     return attention(
-        q,
-        k,
-        v,
-        scale=scale,
-        mask=mask,
-        causal=causal,
-        q_offset=q_offset,
-        position=position,
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, position=position,
         return_weights=return_weights,
     )

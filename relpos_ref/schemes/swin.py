@@ -25,7 +25,9 @@ from ._tables import check_table, gather_scalars
 __all__ = ["swin_attention", "swin_bias", "swin_index"]
 
 
-def swin_index(window_height: int, window_width: int, /, *, xp: Any, device: Any = None) -> Any:
+def swin_index(
+    window_height: int, window_width: int, /, *, xp: Any, device: Any = None
+) -> Any:
     """Row of the ``(2Wh - 1)(2Ww - 1)`` table for each (query, key) token pair.
 
     Parameters

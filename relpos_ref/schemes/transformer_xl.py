@@ -151,9 +151,8 @@ def transformer_xl_embedding(
         msg = f"`dtype` must be a real floating dtype, got {dtype}"
         raise TypeError(msg)
     dev = _xp.device(delta)
-    omega = xp.asarray(
-        rope_frequencies(d_model, base=as_float("base", base)), dtype=dtype, device=dev
-    )
+    omega = xp.asarray(rope_frequencies(d_model, base=as_float("base", base)), dtype=dtype,
+                       device=dev)
     angle = xp.astype(delta, dtype)[..., None] * omega
     return xp.concat([xp.sin(angle), xp.cos(angle)], axis=-1)
 
@@ -172,9 +171,8 @@ def _check_projection(w_r: Any, q: Any) -> int:
 
 def _check_bias(name: str, vector: Any, q: Any) -> None:
     if vector is not None:
-        check_table(
-            name, vector, q, rows=q.shape[-1], rows_rule=" (the feature width d)", scalar=True
-        )
+        check_table(name, vector, q, rows=q.shape[-1], rows_rule=" (the feature width d)",
+                    scalar=True)
 
 
 def _per_head_vector(vector: Any) -> Any:
@@ -338,24 +336,10 @@ def transformer_xl_attention(
     t_q, t_k = q.shape[-2], k.shape[-2]
     q_offset = _end_aligned(t_q, t_k, q_offset)
     position = transformer_xl_logits(
-        q,
-        k,
-        w_r,
-        content_bias,
-        position_bias,
-        q_offset=q_offset,
-        clamp_len=clamp_len,
-        base=base,
-        method=method,
+        q, k, w_r, content_bias, position_bias, q_offset=q_offset, clamp_len=clamp_len,
+        base=base, method=method,
     )
     return attention(
-        q,
-        k,
-        v,
-        scale=scale,
-        mask=mask,
-        causal=causal,
-        q_offset=q_offset,
-        position=position,
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, position=position,
         return_weights=return_weights,
     )
