@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from . import _xp
+from . import _numpy_softmax, _xp
 from ._validate import as_float, as_int, broadcast_shapes
 from .positions import relative_positions
 
@@ -180,31 +180,6 @@ def compose_logits(content: Any, /, *, scale: float, position: Any = None, bias:
     return logits if bias is None else logits + bias
 
 
-def _compose_in_place(content: Any, *, scale: float, position: Any, bias: Any) -> Any:
-    # `compose_logits` for a content term this module owns: NumPy adds and scales in place
-    # (one buffer, no temporaries) when no term broadcasts it to a larger shape.
-    terms = [t for t in (position, bias) if t is not None]
-    if type(content).__module__ != "numpy" or any(t.shape != content.shape for t in terms):
-        return compose_logits(content, scale=scale, position=position, bias=bias)
-    if not terms:
-        content *= scale
-        return content
-    # Row blocks of about 1 MiB, so the add, the scale and the bias reach each block
-    # while it is still in cache: one trip through memory instead of two or three.
-    # Every entry sees the same operations in the same order as whole-array passes.
-    t_q = content.shape[-2]
-    per_row = max(1, content.size // max(t_q, 1)) * content.itemsize
-    rows = max(1, 2**20 // per_row)
-    for a in range(0, t_q, rows):
-        block = content[..., a : a + rows, :]
-        if position is not None:
-            block += position[..., a : a + rows, :]
-        block *= scale
-        if bias is not None:
-            block += bias[..., a : a + rows, :]
-    return content
-
-
 def masked_softmax(logits: Any, /, *, allowed: Any = None) -> Any:
     r"""Numerically stable softmax over the last axis, restricted to allowed keys.
 
@@ -333,12 +308,11 @@ def _attention(
     bias: Any,
     position: Any,
     return_weights: bool,
-    add_position: Callable[[Any, float], bool] | None = None,
+    softmax: Callable[[Any, float, Any], Any] | None = None,
 ) -> Any:
-    # `attention`, plus a hook for the schemes' NumPy fast paths: `add_position(content, s)`
-    # adds the content-position term to ``q k^T`` in place and scales the sum by `s`
-    # (the same operations, in the same order, as passing it as `position`), then
-    # returns True.
+    # `attention`, plus a hook for the schemes' NumPy fast paths: `softmax(content, s,
+    # allowed)` returns the weights of ``s (content + the scheme's position term)``,
+    # restricted to `allowed`, computed in `content` (which this function owns).
     xp, _ = check_qkv(q, k, v)
     _xp.array_namespace(q, mask, bias, position)  # one library for every array argument
     *_, t_q, d = q.shape
@@ -351,16 +325,48 @@ def _attention(
         t_q, t_k, mask=mask, causal=causal, q_offset=q_offset, xp=xp, device=_xp.device(q)
     )
     content = xp.matmul(q, xp.matrix_transpose(k))
-    if add_position is None:
-        logits = _compose_in_place(content, scale=s, position=position, bias=bias)
-    elif not add_position(content, s):
-        msg = "internal error: the in-place position term does not apply to this array"
-        raise RuntimeError(msg)
+    if softmax is not None:
+        if position is not None or bias is not None:
+            msg = "internal error: a scheme's softmax hook takes no position or bias term"
+            raise RuntimeError(msg)
+        weights = softmax(content, s, allowed)
     else:
-        logits = content if bias is None else compose_logits(content, scale=1.0, bias=bias)
-    weights = masked_softmax(logits, allowed=allowed)
+        weights = _softmax_of_terms(content, scale=s, position=position, bias=bias, allowed=allowed)
     out = xp.matmul(weights, v)
     return (out, weights) if return_weights else out
+
+
+def _softmax_of_terms(
+    content: Any,
+    /,
+    *,
+    scale: float,
+    position: Any = None,
+    bias: Any = None,
+    allowed: Any = None,
+    position_rows: Callable[[int, int], Any] | None = None,
+) -> Any:
+    """`masked_softmax` of `compose_logits`, reusing `content` where the library allows.
+
+    `content` must be an array the caller owns: on NumPy it is overwritten
+    block by block (equal bit for bit to the standard forms, tested).
+    `position_rows(a, b)`, instead of `position`, gives the position term of
+    query rows ``a .. b - 1`` (a scheme computing it one block at a time).
+    """
+    weights = _numpy_softmax.softmax_of_terms(
+        content,
+        scale=scale,
+        position=position,
+        bias=bias,
+        allowed=allowed,
+        position_rows=position_rows,
+    )
+    if weights is not None:
+        return weights
+    if position_rows is not None:
+        position = position_rows(0, content.shape[-2])
+    logits = compose_logits(content, scale=scale, position=position, bias=bias)
+    return masked_softmax(logits, allowed=allowed)
 
 
 def _check_term(xp: Any, name: str, q: Any, term: Any, t_q: int, t_k: int) -> None:

@@ -471,65 +471,6 @@ def _numpy_diagonal_view(x: Any, t_k: int, *, q_offset: int, order: str) -> Any:
     )
 
 
-def _numpy_add_clipped(
-    content: Any,
-    x: Any,
-    /,
-    *,
-    max_distance: int,
-    q_offset: int,
-    scale: float | None = None,
-    block: int = 32,
-) -> bool:
-    """``content += take_per_row(x, table_index(r, K).index)`` in place, for NumPy.
-
-    The library-native form beside the standard gather, for a two-sided
-    table clipped at ``K`` (`x` is ``(..., t_q, 2K + 1)``, column ``r + K``):
-    no ``(t_q, t_k)`` index and no ``(t_q, t_k)`` temporary. For each block
-    of ``B`` query rows, every key left of the band ``|r| <= K`` reads the
-    row's first column and every key right of it the last: two rectangles,
-    two broadcast adds. The band lies in one ``B x (B + 2K)`` tile whose
-    table rows do not depend on where the block starts (translation
-    invariance), so one small index serves every block. Each entry receives
-    one addition of the same value as in the standard form, so the two are
-    equal bit for bit. With `scale`, each block is then multiplied by it
-    while it is still in cache: ``content = (content + P) * scale``, the
-    same two operations per entry as adding and scaling in two passes.
-    Returns ``False`` (and does nothing) for other libraries or a `content`
-    that is not a writeable NumPy array.
-    """
-    if type(content).__module__ != "numpy" or type(x).__module__ != "numpy":
-        return False
-    if not content.flags.writeable:
-        return False
-    import numpy as np
-
-    *_, t_q, t_k = content.shape
-    k = max_distance
-    if content.size == 0:
-        return True
-    width = block + 2 * k
-    # Table row of tile entry (i', c'): the tile of the block at row a starts at key
-    # column a + q_offset - K, so r = c' - i' - K whatever a is.
-    tile_rows = np.clip(np.arange(width)[None, :] - np.arange(block)[:, None], 0, 2 * k)
-    for a in range(0, t_q, block):
-        b = min(a + block, t_q)
-        start = a + q_offset - k  # key column of the tile's first column
-        lo, hi = min(max(start, 0), t_k), min(max(start + width, 0), t_k)
-        if lo > 0:
-            content[..., a:b, :lo] += x[..., a:b, :1]
-        if hi < t_k:
-            content[..., a:b, hi:] += x[..., a:b, 2 * k :]
-        if hi > lo:
-            index = tile_rows[: b - a, lo - start : hi - start]
-            content[..., a:b, lo:hi] += np.take_along_axis(
-                x[..., a:b, :], np.broadcast_to(index, (*x.shape[:-2], *index.shape)), axis=-1
-            )
-        if scale is not None:
-            content[..., a:b, :] *= scale
-    return True
-
-
 def _numpy_clipped_bins(
     weights: Any, /, *, low: int, high: int, q_offset: int, block: int = 32
 ) -> Any:

@@ -28,3 +28,25 @@ def test_benchmark_suite_runs_and_writes_its_json(tmp_path, capsys):
                for row in report["methods"])
     assert report["machine"]["backend"] == "numpy" and report["versions"]["numpy"]
     assert {t["target"].split()[0] for t in report["targets"]} >= {"general", "shaw", "blocked"}
+    assert "sdpa" not in report  # torch only
+
+
+def test_benchmark_suite_on_torch_compares_with_sdpa(tmp_path, capsys):
+    import pytest
+
+    pytest.importorskip("torch", reason="torch is not installed")
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    code = bench.main(["--backend", "torch", "--t", "64", "--heads", "2", "--d", "8",
+                       "--k-max", "4", "--repeat", "1", "--t-definition", "32",
+                       "--t-blocked", "0", "--out", str(tmp_path)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "scaled_dot_product_attention" in printed and "for reference only" in printed
+    (path,) = tmp_path.glob("*-torch-float32.json")
+    report = json.loads(path.read_text())
+    cases = {row["case"]: row for row in report["sdpa"]}
+    assert set(cases) == {"plain", "bias (additive attn_mask)"}
+    assert all(row["seconds"] > 0 and row["ratio_to_sdpa"] > 0 for row in cases.values())
+    assert not any(target["applies"] for target in report["targets"])

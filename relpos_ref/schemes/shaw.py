@@ -18,9 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _xp
+from .._numpy_softmax import clipped_table_softmax
 from .._validate import check_choice, nonnegative_int
-from ..attention import _attention
-from ..layouts import _numpy_add_clipped, take_per_row
+from ..attention import _attention, _softmax_of_terms
+from ..layouts import take_per_row
 from ..positions import (
     BEYOND_POLICIES,
     TableIndex,
@@ -286,17 +287,41 @@ def shaw_attention(
         )
         raise ValueError(msg)
     check_value_width(value_table, v)
-    position = add_position = None
+    position = softmax = None
+    binned: list[Any] = []
     if _numpy_fast_path(q, k, key_table, method=method, beyond=beyond):
-        # NumPy: the clipped key term is added into q k^T and scaled in place, block
-        # by block, with no index or (t_q, t_k) temporary; equal bit for bit to the
-        # standard form (tested).
+        # NumPy: the clipped key term goes into the softmax block by block and the
+        # value bins are summed on the way (`clipped_table_softmax`), with no index and
+        # no (t_q, t_k) temporary; equal to the standard form up to rounding (tested).
         check_table("key_table", key_table, q, width=q.shape[-1])
+        if value_table is not None:  # checked before the work, as shaw_values would after
+            check_table("value_table", value_table, q)
         rel = table_logits(q, key_table)
         k_max = _max_distance("key_table", key_table)
 
-        def add_position(content: Any, s: float) -> bool:
-            return _numpy_add_clipped(content, rel, max_distance=k_max, q_offset=q_offset, scale=s)
+        def softmax(content: Any, s: float, allowed: Any) -> Any:
+            fused = clipped_table_softmax(
+                content,
+                rel,
+                max_distance=k_max,
+                q_offset=q_offset,
+                scale=s,
+                allowed=allowed,
+                bins=value_table is not None,
+            )
+            if fused is None:  # the standard composition (a band wider than the keys, say)
+                index = shaw_index(
+                    *content.shape[-2:],
+                    max_distance=k_max,
+                    q_offset=q_offset,
+                    xp=_xp.array_namespace(q),
+                )
+                return _softmax_of_terms(
+                    content, scale=s, position=take_per_row(rel, index.index), allowed=allowed
+                )
+            weights, bins = fused
+            binned.append(bins)
+            return weights
 
     else:
         position = shaw_logits(
@@ -313,10 +338,13 @@ def shaw_attention(
         bias=None,
         position=position,
         return_weights=True,
-        add_position=add_position,
+        softmax=softmax,
     )
     if value_table is not None:
-        out = out + shaw_values(
-            weights, value_table, q_offset=q_offset, beyond=beyond, method=method
+        values = (
+            _xp.array_namespace(q).matmul(binned[0], value_table)
+            if binned
+            else shaw_values(weights, value_table, q_offset=q_offset, beyond=beyond, method=method)
         )
+        out = out + values
     return (out, weights) if return_weights else out
