@@ -192,6 +192,7 @@ def clipped_table_softmax(
     tile_band = _band(tile, n)
     if bins:
         out = np.empty((groups, t_q, n), dtype=dtype)
+        ends_mask = np.stack([before, after], axis=-1)  # (B, W, 2)
         ones = np.ones(t_k, dtype=dtype)
         padded = np.empty_like(tile)
         padded_band = _band(padded, n)
@@ -211,13 +212,14 @@ def clipped_table_softmax(
         if lo <= t_k - hi:
             shifted = x[:, a:b] - x[:, a:b, n - 1 :]
             const, small, rest = shifted[..., :1], slice(0, lo), slice(lo, t_k)
+            triangle = before  # the other triangle, like the right rectangle, gets 0
         else:
             shifted = x[:, a:b] - x[:, a:b, :1]
             const, small, rest = shifted[..., n - 1 :], slice(hi, t_k), slice(0, hi)
+            triangle = after
         if hi > lo:
             part = tile[:, : b - a]
-            np.multiply(shifted[..., :1], before[: b - a], out=part)
-            part += shifted[..., n - 1 :] * after[: b - a]
+            np.multiply(const, triangle[: b - a], out=part)
             tile_band[:, : b - a] = shifted
             rows[..., lo:hi] += part[..., lo - start : hi - start]
         rows *= scale
@@ -244,9 +246,10 @@ def clipped_table_softmax(
             weights[...] = 0
             weights[..., lo - start : hi - start] = rows[..., lo:hi]
             binned[...] = padded_band[:, : b - a]
-        cut = (slice(0, b - a), slice(0, end - start))
-        binned[..., 0] += np.einsum("gbw,bw->gb", weights, before[cut]) + ends[0] / total
-        binned[..., n - 1] += np.einsum("gbw,bw->gb", weights, after[cut]) + ends[1] / total
+        # The two clipped ends: triangles inside the tile plus the rectangles' sums.
+        triangles = np.einsum("gbw,bwc->gbc", weights, ends_mask[: b - a, : end - start])
+        binned[..., 0] += triangles[..., 0] + ends[0] / total
+        binned[..., n - 1] += triangles[..., 1] + ends[1] / total
     return content, out.reshape(*batch, t_q, n) if bins else None
 
 

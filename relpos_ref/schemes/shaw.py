@@ -341,10 +341,11 @@ def shaw_attention(
         softmax=softmax,
     )
     if value_table is not None:
-        values = (
-            _xp.array_namespace(q).matmul(binned[0], value_table)
-            if binned
-            else shaw_values(weights, value_table, q_offset=q_offset, beyond=beyond, method=method)
-        )
-        out = out + values
+        if binned:  # NumPy: the bins came with the weights. bins @ a^V, as one GEMM for
+            # a shared table (table_logits reshapes for that), added into our own `out`.
+            out += table_logits(binned[0], value_table.swapaxes(-1, -2))
+        else:
+            out = out + shaw_values(
+                weights, value_table, q_offset=q_offset, beyond=beyond, method=method
+            )
     return (out, weights) if return_weights else out
