@@ -189,6 +189,9 @@ def test_bad_input(backend):
         rp.music_logits(q, a(np.ones((4, 8))), 4, q_offset=1)
     with pytest.raises(ValueError, match=r"distance -3 is beyond the table \(length=3"):
         rp.music_logits(q, a(np.ones((3, 8))), 4, beyond="error")
+    # The message states the table's rows (r = -1 .. 0), not the future distances.
+    with pytest.raises(ValueError, match=r"\(length=2, rows for r = -1 \.\. 0\)"):
+        rp.music_logits(q, a(np.ones((2, 8))), 4, beyond="error")
     with pytest.raises(ValueError, match=r"distance -3 is beyond the table \(max_distance=1"):
         rp.shaw_attention(q, q, q, a(np.ones((3, 8))), beyond="error")
     with pytest.raises(TypeError, match="no silent upcast"):

@@ -404,8 +404,9 @@ class GoldenCase:
 class Suite:
     """A suite directory with a checked manifest.
 
-    Use `load_suite`; `cases` lists the manifest entries, `load` reads one
-    case after checking its file's SHA-256.
+    Use `load_suite`; `cases` maps each case id to its manifest entry,
+    `select` lists entries by id globs, and `load` reads one case after
+    checking its file's SHA-256.
     """
 
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:

@@ -18,10 +18,11 @@ from .._validate import as_int, check_choice, nonnegative_int
 from ..attention import attention
 from ..layouts import rel_shift
 from ..positions import (
+    _ERROR_POLICY_HINT,
     BEYOND_POLICIES,
     TableIndex,
+    _raise_if_outside,
     causal_table_index,
-    check_distances_in_table,
     distance_range,
     relative_positions,
 )
@@ -45,10 +46,9 @@ def _check_beyond(t_q: int, t_k: int, length: int, q_offset: int, beyond: str) -
     check_choice("beyond", beyond, BEYOND_POLICIES)
     if beyond == "error":
         span = distance_range(t_q, t_k, q_offset=q_offset)
-        high = 0 if span is None else max(span[1], 0)
-        check_distances_in_table(
-            t_q, t_k, q_offset=q_offset, low=-(length - 1), high=high, what=f"length={length}"
-        )
+        if span is not None:  # the table has rows for r = -(length - 1) .. 0
+            past_end, _ = span
+            _raise_if_outside(past_end, 0, -(length - 1), 0, f"length={length}", _ERROR_POLICY_HINT)
 
 
 def music_index(
