@@ -70,7 +70,7 @@ def _timed_against(backend: Any, fn: Callable[[], Any], baseline: Callable[[], A
     return statistics.median(ours), statistics.median(base), ratio
 
 
-def _peak_bytes(backend: Any, fn: Callable[[], Any]) -> int | None:
+def _peak_bytes(backend: Any, fn: Callable[[], Any], device: str = "cpu") -> int | None:
     gc.collect()
     if backend.name == "numpy":
         tracemalloc.start()
@@ -83,8 +83,8 @@ def _peak_bytes(backend: Any, fn: Callable[[], Any]) -> int | None:
     if backend.name == "torch":
         import torch
 
-        if not torch.cuda.is_available():
-            return None
+        if not device.startswith("cuda"):
+            return None  # no allocator statistics for torch on the CPU
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -104,11 +104,11 @@ def _peak_bytes(backend: Any, fn: Callable[[], Any]) -> int | None:
     return None
 
 
-def _inputs(backend, dtype, heads, t, d, seed=0):
+def _inputs(backend, dtype, heads, t, d, seed=0, device=None):
     rng = np.random.default_rng(seed)
 
     def arr(*shape):
-        return backend.from_numpy(rng.standard_normal(shape).astype(dtype))
+        return backend.from_numpy(rng.standard_normal(shape).astype(dtype), device)
 
     return arr, tuple(arr(1, heads, t, d) for _ in range(3))
 
@@ -211,6 +211,9 @@ def _machine(backend) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="numpy", choices=backends.names())
+    parser.add_argument("--device", default=None,
+                        help="e.g. cuda:0 for torch on a GPU (default: the backend's first "
+                             "device, the CPU for torch)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--t", type=int, default=1024)
@@ -231,20 +234,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.t % 32:
         parser.error(f"--t must be a multiple of 32 (the grid2d case), got {args.t}")
     t, d, h = args.t, args.d, args.heads
-    arr, (q, k, v) = _inputs(backend, args.dtype, h, t, d)
+    try:
+        device = backend.check_device(args.device)
+    except ValueError as exc:
+        parser.error(str(exc))
+    arr, (q, k, v) = _inputs(backend, args.dtype, h, t, d, device=device)
     cases = scheme_cases(arr, h, t, d, args.k_max)
     results: dict[str, Any] = {"schemes": [], "methods": [], "peer": None, "blocked": []}
     def plain_call():
         return cases["plain"](q, k, v, "efficient")
 
-    print(f"{backend.name} {args.dtype}  batch 1, {h} heads, t = {t}, d = {d}  "
+    print(f"{backend.name} ({device}) {args.dtype}  batch 1, {h} heads, t = {t}, d = {d}  "
           f"(median of {args.repeat}, each scheme interleaved with plain attention; "
           f"'vs plain' is the median of the paired ratios)")
     print(f"{'scheme':<28} {'time ms':>9} {'vs plain':>9} {'peak MiB':>9}")
     for name, call in cases.items():
         seconds, plain, ratio = _timed_against(
             backend, lambda call=call: call(q, k, v, "efficient"), plain_call, args.repeat)
-        peak = _peak_bytes(backend, lambda call=call: call(q, k, v, "efficient"))
+        peak = _peak_bytes(backend, lambda call=call: call(q, k, v, "efficient"), device)
         row = {"scheme": name, "seconds": seconds, "plain_seconds": plain,
                "ratio_to_plain": ratio, "peak_bytes": peak}
         results["schemes"].append(row)
@@ -261,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['sdpa_seconds'] * 1e3:9.1f} {row['ratio_to_sdpa']:9.2f}x")
 
     td = args.t_definition
-    arr_d, (qd, kd, vd) = _inputs(backend, args.dtype, h, td, d, seed=1)
+    arr_d, (qd, kd, vd) = _inputs(backend, args.dtype, h, td, d, seed=1, device=device)
     small = scheme_cases(arr_d, h, td, d, args.k_max)
     print(f"\nefficient vs definition, t = {td}")
     print(f"{'scheme':<28} {'efficient':>9} {'definition':>10} {'speed-up':>9} "
@@ -271,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         fast = _timed(backend, lambda call=call: call(qd, kd, vd, "efficient"), args.repeat)
         slow = _timed(backend, lambda call=call: call(qd, kd, vd, "definition"), 3)
-        pf = _peak_bytes(backend, lambda call=call: call(qd, kd, vd, "efficient"))
-        ps = _peak_bytes(backend, lambda call=call: call(qd, kd, vd, "definition"))
+        pf = _peak_bytes(backend, lambda call=call: call(qd, kd, vd, "efficient"), device)
+        ps = _peak_bytes(backend, lambda call=call: call(qd, kd, vd, "definition"), device)
         results["methods"].append({"scheme": name, "t": td, "efficient_seconds": fast,
                                    "definition_seconds": slow, "efficient_peak_bytes": pf,
                                    "definition_peak_bytes": ps})
@@ -300,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.t_blocked:
         tb = args.t_blocked
-        arr_b, (qb, kb, vb) = _inputs(backend, args.dtype, 1, tb, d, seed=2)
+        arr_b, (qb, kb, vb) = _inputs(backend, args.dtype, 1, tb, d, seed=2, device=device)
         key = arr_b(2 * args.k_max + 1, d)
         print(f"\nrelpos_ref.blocked, t = {tb}, 1 head, d = {d}, block {args.block_size}")
         for name, tables, causal in (("plain", (), False), ("plain", (), True),
@@ -309,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                 return blocked_attention(qb, kb, vb, *tables, scheme=name, causal=causal,
                                          block_size=args.block_size)
             start = time.perf_counter()
-            peak = _peak_bytes(backend, call)
+            peak = _peak_bytes(backend, call, device)
             seconds = time.perf_counter() - start
             results["blocked"].append({"scheme": name, "causal": causal, "t": tb,
                                        "seconds": seconds, "peak_bytes": peak})
@@ -339,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     results["targets"] = [{"target": a, "value": b, "met": c, "applies": standard}
                           for a, b, c in targets]
     results["config"] = vars(args) | {"out": str(args.out)}
-    results["machine"] = _machine(backend)
+    results["machine"] = _machine(backend) | {"device": device}
     results["versions"] = _versions(backend)
     results["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     args.out.mkdir(parents=True, exist_ok=True)

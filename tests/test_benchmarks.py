@@ -50,3 +50,16 @@ def test_benchmark_suite_on_torch_compares_with_sdpa(tmp_path, capsys):
     assert set(cases) == {"plain", "bias (additive attn_mask)"}
     assert all(row["seconds"] > 0 and row["ratio_to_sdpa"] > 0 for row in cases.values())
     assert not any(target["applies"] for target in report["targets"])
+
+
+def test_benchmark_suite_refuses_an_unknown_device(capsys):
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--device", "gpu7"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "`device` must be one of ['cpu'] for backend 'numpy', got 'gpu7'" in err
