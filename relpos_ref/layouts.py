@@ -533,3 +533,29 @@ def _numpy_clipped_bins(
         out[..., a:b, 0] += left
         out[..., a:b, n - 1] += right
     return out
+
+
+def _numpy_distance_view(row: Any, t_q: int, t_k: int) -> Any:
+    """``out[..., i, j] = row[..., j - i + t_q - 1]`` as a strided view, for NumPy.
+
+    The library-native layout of a term that depends on the distance alone
+    (a scalar bias): `row` holds its values for ``r = r_min .. r_max``, the
+    ``t_q + t_k - 1`` distances of the grid in order, and row ``i`` of the
+    result starts ``i`` entries earlier in it (a Toeplitz matrix, no copy).
+    Returns ``None`` for other libraries or a `row` of the wrong length.
+    The view is read-only.
+    """
+    if type(row).__module__ != "numpy" or t_q == 0 or t_k == 0:
+        return None
+    if row.shape[-1] != t_q + t_k - 1:
+        return None
+    import numpy as np
+
+    row = np.ascontiguousarray(row)
+    step = row.itemsize
+    return np.lib.stride_tricks.as_strided(
+        row[..., t_q - 1 :],
+        shape=(*row.shape[:-1], t_q, t_k),
+        strides=(*row.strides[:-1], -step, step),
+        writeable=False,
+    )

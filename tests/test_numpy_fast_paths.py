@@ -19,6 +19,7 @@ import relpos_ref as rp
 from relpos_ref import _numpy_softmax
 from relpos_ref._numpy_softmax import clipped_table_softmax, softmax_of_terms
 from relpos_ref.layouts import _numpy_clipped_bins
+from relpos_ref.schemes._tables import bias_by_distance
 from relpos_ref.schemes.general import _numpy_block_logits
 
 
@@ -286,3 +287,55 @@ def test_general_attention_fast_path_equals_standard_composition(order, per_head
     want = rp.attention(q, k, v, position=position, q_offset=2, causal=True)
     got = rp.general_attention(q, k, v, table, q_offset=2, causal=True, order=order)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+@given(
+    t_q=st.integers(0, 12),
+    t_k=st.integers(0, 12),
+    q_offset=st.integers(-15, 15),
+    heads=st.sampled_from([None, 3]),
+    scheme=st.sampled_from(["bias clip", "bias zero", "t5", "t5 causal", "alibi", "alibi causal"]),
+    seed=st.integers(0, 99),
+)
+def test_bias_by_distance_lays_out_the_full_evaluation_bit_for_bit(
+    t_q, t_k, q_offset, heads, scheme, seed
+):
+    rng = np.random.default_rng(seed)
+    lead = () if heads is None else (heads,)
+    table = rng.standard_normal((*lead, 7))
+    slopes = rng.random(heads or 2)
+
+    def of_grid(t_q, t_k, offset):
+        name, _, variant = scheme.partition(" ")
+        if name == "bias":
+            return rp.bias_logits(table, t_q, t_k, q_offset=offset, beyond=variant)
+        if name == "t5":
+            return rp.t5_bias(
+                table, t_q, t_k, q_offset=offset, max_distance=6, bidirectional=not variant
+            )
+        return rp.alibi_bias(slopes, t_q, t_k, q_offset=offset, symmetric=not variant)
+
+    got = bias_by_distance(of_grid, table, t_q, t_k, q_offset)
+    want = of_grid(t_q, t_k, q_offset)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    if t_q > 1 and t_k > 0:  # a view of one row of distances, not a (t_q, t_k) array
+        assert got.strides[-2] < 0 and not got.flags.writeable
+
+
+def test_bias_by_distance_keeps_the_error_policy_and_other_libraries():
+    table = np.zeros(5)  # K = 2
+
+    def of_grid(t_q, t_k, offset):
+        return rp.bias_logits(table, t_q, t_k, q_offset=offset, beyond="error")
+
+    with pytest.raises(ValueError, match=r"distance -3 is beyond the table \(max_distance=2"):
+        bias_by_distance(of_grid, table, 4, 4, 0)
+    calls = []
+
+    def of_list_grid(t_q, t_k, offset):
+        calls.append((t_q, t_k, offset))
+        return [[0.0] * t_k] * t_q
+
+    assert bias_by_distance(of_list_grid, [0.0], 2, 3, 1) == [[0.0] * 3] * 2
+    assert calls == [(2, 3, 1)]  # not NumPy: the full grid, evaluated once

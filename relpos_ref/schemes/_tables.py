@@ -7,10 +7,11 @@ A table holds one row per distance: ``(n, d)`` shared by every head, or
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .. import _xp
-from ..layouts import _numpy_clipped_bins, to_relative
+from ..layouts import _numpy_clipped_bins, _numpy_distance_view, to_relative
 from ..positions import relative_positions
 
 __all__ = [
@@ -222,3 +223,25 @@ def gather_valid_rows(table: Any, index: Any, valid: Any) -> Any:
     xp = _xp.array_namespace(table, index, valid)
     zero = xp.zeros((), dtype=table.dtype, device=_xp.device(table))
     return xp.where(valid[..., None], gather_rows(table, index), zero)
+
+
+def bias_by_distance(
+    bias_of_grid: Callable[[int, int, int], Any], like: Any, t_q: int, t_k: int, q_offset: int
+) -> Any:
+    """A scalar bias that depends on the distance alone, laid out for attention.
+
+    `bias_of_grid(t_q, t_k, q_offset)` is the scheme's public bias function
+    (``(..., t_q, t_k)``). On NumPy it is evaluated once, on the single row
+    of the grid's ``t_q + t_k - 1`` distances (one query whose offset makes
+    them run from the smallest to the largest), and laid out as a read-only
+    Toeplitz view: no ``(h, t_q, t_k)`` array. Equal to the full evaluation
+    entry for entry, since every entry is the same function of the same
+    distance. Other libraries get the full evaluation.
+    """
+    if type(like).__module__ == "numpy" and t_q > 0 and t_k > 0:
+        r_min = -(t_q - 1) - q_offset
+        row = bias_of_grid(1, t_q + t_k - 1, -r_min)
+        view = _numpy_distance_view(row[..., 0, :], t_q, t_k)
+        if view is not None:
+            return view
+    return bias_of_grid(t_q, t_k, q_offset)

@@ -21,6 +21,7 @@ from .. import _xp
 from .._validate import nonnegative_int, positive_int
 from ..attention import attention
 from ..positions import relative_positions
+from ._tables import bias_by_distance
 
 __all__ = ["alibi_attention", "alibi_bias", "alibi_slopes"]
 
@@ -153,7 +154,13 @@ def alibi_attention(
         slopes = xp.asarray(alibi_slopes(q.shape[-3]), dtype=q.dtype, device=_xp.device(q))
     else:
         _xp.check_same_dtype(q=q, slopes=slopes)
-    bias = alibi_bias(slopes, q.shape[-2], k.shape[-2], q_offset=q_offset, symmetric=symmetric)
+    bias = bias_by_distance(
+        lambda t_q, t_k, offset: alibi_bias(slopes, t_q, t_k, q_offset=offset, symmetric=symmetric),
+        q,
+        q.shape[-2],
+        k.shape[-2],
+        q_offset,
+    )
     return attention(
         q,
         k,

@@ -13,7 +13,7 @@ from typing import Any
 from .. import _xp
 from .._validate import nonnegative_int
 from ..attention import attention
-from ._tables import check_table, gather_scalars
+from ._tables import bias_by_distance, check_table, gather_scalars
 from .shaw import shaw_index
 
 __all__ = ["bias_attention", "bias_logits"]
@@ -105,7 +105,13 @@ def bias_attention(
     """
     _xp.array_namespace(q, k, v, table)
     check_table("table", table, q, scalar=True)
-    bias = bias_logits(table, q.shape[-2], k.shape[-2], q_offset=q_offset, beyond=beyond)
+    bias = bias_by_distance(
+        lambda t_q, t_k, offset: bias_logits(table, t_q, t_k, q_offset=offset, beyond=beyond),
+        q,
+        q.shape[-2],
+        k.shape[-2],
+        q_offset,
+    )
     return attention(
         q,
         k,

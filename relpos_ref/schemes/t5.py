@@ -32,7 +32,7 @@ from .. import _xp
 from .._validate import nonnegative_int, positive_int
 from ..attention import attention
 from ..positions import relative_positions
-from ._tables import check_table, count_reached, gather_scalars
+from ._tables import bias_by_distance, check_table, count_reached, gather_scalars
 
 __all__ = ["t5_attention", "t5_bias", "t5_bucket", "t5_bucket_boundaries"]
 
@@ -231,13 +231,19 @@ def t5_attention(
     """
     _xp.array_namespace(q, k, v, table)
     check_table("table", table, q, scalar=True)
-    bias = t5_bias(
-        table,
+    bias = bias_by_distance(
+        lambda t_q, t_k, offset: t5_bias(
+            table,
+            t_q,
+            t_k,
+            q_offset=offset,
+            bidirectional=bidirectional,
+            max_distance=max_distance,
+        ),
+        q,
         q.shape[-2],
         k.shape[-2],
-        q_offset=q_offset,
-        bidirectional=bidirectional,
-        max_distance=max_distance,
+        q_offset,
     )
     return attention(
         q,
