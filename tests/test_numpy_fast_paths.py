@@ -19,8 +19,7 @@ import relpos_ref as rp
 from relpos_ref import _numpy_softmax
 from relpos_ref._numpy_softmax import clipped_table_softmax, softmax_of_terms
 from relpos_ref.layouts import _numpy_clipped_bins
-from relpos_ref.schemes._tables import bias_by_distance
-from relpos_ref.schemes.general import _numpy_block_logits
+from relpos_ref.schemes._tables import bias_by_distance, numpy_block_logits
 
 
 @given(
@@ -241,7 +240,7 @@ def test_general_block_logits_equal_stacked_diagonals(
     if not shared_table and not batch:
         q = q[None]
     want = rp.general_logits(q, table, t_k, q_offset=q_offset, order=order)
-    rows = _numpy_block_logits(q, table, t_k, q_offset=q_offset, order=order)
+    rows = numpy_block_logits(q, table, t_k, q_offset=q_offset, order=order)
     for a, b in ((0, t_q), (0, 1), (t_q - 1, t_q), (t_q // 2, t_q)):
         np.testing.assert_allclose(rows(a, b), want[..., a:b, :], rtol=1e-12, atol=1e-14)
 
@@ -339,3 +338,29 @@ def test_bias_by_distance_keeps_the_error_policy_and_other_libraries():
 
     assert bias_by_distance(of_list_grid, [0.0], 2, 3, 1) == [[0.0] * 3] * 2
     assert calls == [(2, 3, 1)]  # not NumPy: the full grid, evaluated once
+
+
+@given(
+    t_q=st.integers(1, 14),
+    extra_keys=st.integers(0, 6),
+    length=st.integers(1, 20),
+    causal=st.booleans(),
+    per_head=st.booleans(),
+    beyond=st.sampled_from(["clip", "zero"]),
+    seed=st.integers(0, 99),
+)
+def test_music_window_path_equals_standard_composition(
+    t_q, extra_keys, length, causal, per_head, beyond, seed
+):
+    # End-aligned queries (the scheme's efficient path); the window path runs when the
+    # table covers at least half the keys, the skew otherwise: both must agree.
+    t_k = t_q + extra_keys
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((2, 3, t_q, 8))
+    k = rng.standard_normal((2, 3, t_k, 8))
+    v = rng.standard_normal((2, 3, t_k, 4))
+    table = rng.standard_normal((3, length, 8) if per_head else (length, 8))
+    position = rp.music_logits(q, table, t_k, q_offset=t_k - t_q, beyond=beyond)
+    want = rp.attention(q, k, v, position=position, causal=causal, q_offset=t_k - t_q)
+    got = rp.music_attention(q, k, v, table, causal=causal, q_offset=t_k - t_q, beyond=beyond)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)

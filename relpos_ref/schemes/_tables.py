@@ -245,3 +245,44 @@ def bias_by_distance(
         if view is not None:
             return view
     return bias_of_grid(t_q, t_k, q_offset)
+
+
+def numpy_block_logits(
+    q: Any, table: Any, t_k: int, *, q_offset: int, order: str
+) -> Callable[[int, int], Any]:
+    """``rows(a, b)``: `general_logits` for query rows ``a .. b - 1``, NumPy only.
+
+    The library-native form beside `stacked_diagonals` of the full
+    ``q E^T`` (``t_q x (2 t_max - 1)``, twice the work of ``q k^T`` when
+    ``t_max = t``): a block of ``B`` rows needs only the ``t_k + B - 1``
+    table rows its distances reach, so one ``B x (t_k + B - 1)`` product per
+    block does it, and row ``i'`` of the block is that product read from
+    column ``B - 1 - i'`` on (a strided view). The distances must lie in the
+    table (the caller checks). Equal to the standard form up to the rounding of
+    the products.
+    """
+    import numpy as np
+
+    t_max = (table.shape[-2] + 1) // 2
+    if order == "future_to_past":  # reversed, row t_max - 1 + r holds distance r
+        table = table[..., ::-1, :]
+
+    def rows(a: int, b: int) -> Any:
+        n = b - a
+        first = t_max - 1 - q_offset - (b - 1)  # the table row of (i, j) = (b - 1, 0)
+        window = table[..., first : first + t_k + n - 1, :]
+        block = q[..., a:b, :]
+        if window.ndim == 2:  # a shared table: one GEMM for every head (faster than one each)
+            flat = np.reshape(block, (-1, block.shape[-1])) @ window.T
+            logits = np.reshape(flat, (*block.shape[:-1], window.shape[0]))
+        else:
+            logits = np.matmul(block, np.swapaxes(window, -1, -2))  # (..., n, t_k + n - 1)
+        step_row, step_col = logits.strides[-2:]
+        return np.lib.stride_tricks.as_strided(
+            logits[..., n - 1 :],
+            shape=(*logits.shape[:-1], t_k),
+            strides=(*logits.strides[:-2], step_row - step_col, step_col),
+            writeable=False,
+        )
+
+    return rows

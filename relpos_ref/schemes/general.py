@@ -14,7 +14,6 @@ column of ``Q E^T``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from .. import _xp
@@ -22,7 +21,14 @@ from .._validate import as_int, check_choice, nonnegative_int, positive_int
 from ..attention import _attention, _softmax_of_terms, attention
 from ..layouts import TABLE_ORDERS, stacked_diagonals
 from ..positions import check_distances_in_table, relative_positions
-from ._tables import check_method, check_table, contract_rows, gather_rows, table_logits
+from ._tables import (
+    check_method,
+    check_table,
+    contract_rows,
+    gather_rows,
+    numpy_block_logits,
+    table_logits,
+)
 
 __all__ = ["general_attention", "general_index", "general_logits"]
 
@@ -209,7 +215,7 @@ def general_attention(
     if method == "efficient" and all(type(a).__module__ == "numpy" for a in (q, k, v, table)):
         check_table("table", table, q, width=q.shape[-1])
         _check_grid(q.shape[-2], t_k, _t_max(table), q_offset, order)
-        rows = _numpy_block_logits(q, table, t_k, q_offset=q_offset, order=order)
+        rows = numpy_block_logits(q, table, t_k, q_offset=q_offset, order=order)
     if rows is None:
         position = general_logits(q, table, t_k, q_offset=q_offset, order=order, method=method)
         return attention(
@@ -240,44 +246,3 @@ def general_attention(
         return_weights=return_weights,
         softmax=softmax,
     )
-
-
-def _numpy_block_logits(
-    q: Any, table: Any, t_k: int, *, q_offset: int, order: str
-) -> Callable[[int, int], Any]:
-    """``rows(a, b)``: `general_logits` for query rows ``a .. b - 1``, NumPy only.
-
-    The library-native form beside `stacked_diagonals` of the full
-    ``q E^T`` (``t_q x (2 t_max - 1)``, twice the work of ``q k^T`` when
-    ``t_max = t``): a block of ``B`` rows needs only the ``t_k + B - 1``
-    table rows its distances reach, so one ``B x (t_k + B - 1)`` product per
-    block does it, and row ``i'`` of the block is that product read from
-    column ``B - 1 - i'`` on (a strided view). The distances must lie in the
-    table (`_check_grid`). Equal to the standard form up to the rounding of
-    the products.
-    """
-    import numpy as np
-
-    t_max = _t_max(table)
-    if order == "future_to_past":  # reversed, row t_max - 1 + r holds distance r
-        table = table[..., ::-1, :]
-
-    def rows(a: int, b: int) -> Any:
-        n = b - a
-        first = t_max - 1 - q_offset - (b - 1)  # the table row of (i, j) = (b - 1, 0)
-        window = table[..., first : first + t_k + n - 1, :]
-        block = q[..., a:b, :]
-        if window.ndim == 2:  # a shared table: one GEMM for every head (faster than one each)
-            flat = np.reshape(block, (-1, block.shape[-1])) @ window.T
-            logits = np.reshape(flat, (*block.shape[:-1], window.shape[0]))
-        else:
-            logits = np.matmul(block, np.swapaxes(window, -1, -2))  # (..., n, t_k + n - 1)
-        step_row, step_col = logits.strides[-2:]
-        return np.lib.stride_tricks.as_strided(
-            logits[..., n - 1 :],
-            shape=(*logits.shape[:-1], t_k),
-            strides=(*logits.strides[:-2], step_row - step_col, step_col),
-            writeable=False,
-        )
-
-    return rows

@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import _xp
 from .._validate import as_int, check_choice, nonnegative_int
-from ..attention import attention
+from ..attention import _attention, _softmax_of_terms
 from ..layouts import rel_shift
 from ..positions import (
     _ERROR_POLICY_HINT,
@@ -33,6 +33,7 @@ from ._tables import (
     contract_rows,
     distance_bins,
     gather_valid_rows,
+    numpy_block_logits,
     table_logits,
     weighted_rows,
 )
@@ -285,8 +286,22 @@ def music_attention(
     """
     _xp.array_namespace(q, k, v, table, value_table)
     check_value_width(value_table, v)
-    position = music_logits(q, table, k.shape[-2], q_offset=q_offset, beyond=beyond, method=method)
-    out, weights = attention(
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    softmax = position = None
+    if _numpy_window_path(q, k, table, q_offset=q_offset, method=method):
+        check_table("table", table, q, width=q.shape[-1])
+        _check_beyond(t_q, t_k, table.shape[-2], q_offset, beyond)
+        # NumPy, a table about as long as the keys: the term as general's, one block
+        # of queries at a time, from the table extended to every distance of the grid.
+        extended = _extended_table(table, t_q, t_k, q_offset=q_offset, beyond=beyond)
+        rows = numpy_block_logits(q, extended, t_k, q_offset=q_offset, order="past_to_future")
+
+        def softmax(content: Any, s: float, allowed: Any) -> Any:
+            return _softmax_of_terms(content, scale=s, allowed=allowed, position_rows=rows)
+
+    else:
+        position = music_logits(q, table, t_k, q_offset=q_offset, beyond=beyond, method=method)
+    out, weights = _attention(
         q,
         k,
         v,
@@ -294,11 +309,48 @@ def music_attention(
         mask=mask,
         causal=causal,
         q_offset=q_offset,
+        bias=None,
         position=position,
         return_weights=True,
+        softmax=softmax,
     )
     if value_table is not None:
         out = out + music_values(
             weights, value_table, q_offset=q_offset, beyond=beyond, method=method
         )
     return (out, weights) if return_weights else out
+
+
+def _numpy_window_path(q: Any, k: Any, table: Any, *, q_offset: int, method: str) -> bool:
+    # The windowed form pays off when the table covers at least half the keys: it
+    # multiplies each query by t_k + B - 1 table rows where the skew needs M.
+    check_method(method)
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    return (
+        method == "efficient"
+        and all(type(a).__module__ == "numpy" for a in (q, k, table))
+        and q_offset == t_k - t_q
+        and 2 * table.shape[-2] >= t_k > 0
+        and t_q > 0
+        and table.ndim in (2, 3)
+    )
+
+
+def _extended_table(table: Any, t_q: int, t_k: int, *, q_offset: int, beyond: str) -> Any:
+    """The one-sided table as a two-sided (general) one over every distance of the grid.
+
+    Rows for ``r = -(T - 1) .. T - 1`` (row ``r + T - 1``), ``T`` the largest
+    ``|r|`` plus one: the table's rows for ``-(M - 1) .. 0``, its first row
+    (``"clip"``) or zeros (``"zero"``) before them, and zeros for the
+    future, whose positional term is zero. NumPy only; ``O((t_q + t_k) d)``.
+    """
+    import numpy as np
+
+    m = table.shape[-2]
+    reach = max(t_q - 1 + q_offset, t_k - 1 - q_offset, m - 1)
+    t_max = reach + 1
+    extended = np.zeros((*table.shape[:-2], 2 * t_max - 1, table.shape[-1]), dtype=table.dtype)
+    extended[..., t_max - m : t_max, :] = table
+    if beyond == "clip":
+        extended[..., : t_max - m, :] = table[..., :1, :]
+    return extended
