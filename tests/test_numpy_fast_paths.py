@@ -227,7 +227,7 @@ def test_clipped_table_softmax_declines_and_leaves_the_scores_alone():
     order=st.sampled_from(["past_to_future", "future_to_past"]),
     seed=st.integers(0, 99),
 )
-def test_general_block_logits_equal_stacked_diagonals(
+def test_block_logits_equal_general_logits(
     batch, shared_table, t_q, t_k, q_offset, extra, order, seed
 ):
     # the smallest table general_logits accepts here, plus `extra` rows each side
@@ -240,7 +240,9 @@ def test_general_block_logits_equal_stacked_diagonals(
     if not shared_table and not batch:
         q = q[None]
     want = rp.general_logits(q, table, t_k, q_offset=q_offset, order=order)
-    rows = numpy_block_logits(q, table, t_k, q_offset=q_offset, order=order)
+    # past to future: row c holds r = c - (t_max - 1); the other order, reversed
+    ordered = table if order == "past_to_future" else table[..., ::-1, :]
+    rows = numpy_block_logits(q, ordered, t_k, q_offset=q_offset, low=1 - t_max)
     for a, b in ((0, t_q), (0, 1), (t_q - 1, t_q), (t_q // 2, t_q)):
         np.testing.assert_allclose(rows(a, b), want[..., a:b, :], rtol=1e-12, atol=1e-14)
 
@@ -363,4 +365,34 @@ def test_music_window_path_equals_standard_composition(
     position = rp.music_logits(q, table, t_k, q_offset=t_k - t_q, beyond=beyond)
     want = rp.attention(q, k, v, position=position, causal=causal, q_offset=t_k - t_q)
     got = rp.music_attention(q, k, v, table, causal=causal, q_offset=t_k - t_q, beyond=beyond)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+@given(
+    t_q=st.integers(1, 10),
+    memory=st.integers(0, 6),
+    shift=st.integers(-3, 3),
+    causal=st.booleans(),
+    per_head=st.booleans(),
+    biases=st.sampled_from(["both", "content", "position", "none"]),
+    clamp_len=st.sampled_from([None, 0, 3]),
+    seed=st.integers(0, 99),
+)
+def test_transformer_xl_block_path_equals_standard_composition(
+    t_q, memory, shift, causal, per_head, biases, clamp_len, seed
+):
+    t_k = t_q + memory
+    q_offset = memory + shift
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((2, 3, t_q, 8))
+    k = rng.standard_normal((2, 3, t_k, 8))
+    v = rng.standard_normal((2, 3, t_k, 4))
+    w_r = rng.standard_normal((3, 6, 8) if per_head else (6, 8))
+    u = rng.standard_normal((3, 8)) if biases in ("both", "content") else None
+    bv = rng.standard_normal(8) if biases in ("both", "position") else None
+    terms = rp.transformer_xl_logits(q, k, w_r, u, bv, q_offset=q_offset, clamp_len=clamp_len)
+    want = rp.attention(q, k, v, position=terms, causal=causal, q_offset=q_offset)
+    got = rp.transformer_xl_attention(
+        q, k, v, w_r, u, bv, causal=causal, q_offset=q_offset, clamp_len=clamp_len
+    )
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)

@@ -247,29 +247,25 @@ def bias_by_distance(
     return bias_of_grid(t_q, t_k, q_offset)
 
 
-def numpy_block_logits(
-    q: Any, table: Any, t_k: int, *, q_offset: int, order: str
-) -> Callable[[int, int], Any]:
-    """``rows(a, b)``: `general_logits` for query rows ``a .. b - 1``, NumPy only.
+def numpy_block_logits(q: Any, table: Any, t_k: int, *, q_offset: int, low: int) -> Callable:
+    """``rows(a, b)``: ``P[..., i, j] = q_i . table[r_ij - low]`` for rows ``a .. b - 1``.
 
-    The library-native form beside `stacked_diagonals` of the full
-    ``q E^T`` (``t_q x (2 t_max - 1)``, twice the work of ``q k^T`` when
-    ``t_max = t``): a block of ``B`` rows needs only the ``t_k + B - 1``
-    table rows its distances reach, so one ``B x (t_k + B - 1)`` product per
-    block does it, and row ``i'`` of the block is that product read from
-    column ``B - 1 - i'`` on (a strided view). The distances must lie in the
-    table (the caller checks). Equal to the standard form up to the rounding of
-    the products.
+    NumPy only. `table` (``(n, d)`` or ``(h, n, d)``) holds one row per
+    distance, row ``c`` for ``r = low + c``, and must reach every distance
+    of the grid (the caller checks). This is the library-native form beside
+    `stacked_diagonals` of the full ``q table^T`` (``t_q x n``, twice the
+    work of ``q k^T`` when ``n = 2t - 1``): a block of ``B`` query rows needs
+    only the ``t_k + B - 1`` table rows its distances reach, so one
+    ``B x (t_k + B - 1)`` product per block does it (one GEMM for every head
+    when the table is shared), and row ``i'`` of the block reads that product
+    from column ``B - 1 - i'`` on (a strided view). Equal to the standard
+    form up to the rounding of the products.
     """
     import numpy as np
 
-    t_max = (table.shape[-2] + 1) // 2
-    if order == "future_to_past":  # reversed, row t_max - 1 + r holds distance r
-        table = table[..., ::-1, :]
-
     def rows(a: int, b: int) -> Any:
         n = b - a
-        first = t_max - 1 - q_offset - (b - 1)  # the table row of (i, j) = (b - 1, 0)
+        first = -(b - 1) - q_offset - low  # the table row of (i, j) = (b - 1, 0)
         window = table[..., first : first + t_k + n - 1, :]
         block = q[..., a:b, :]
         if window.ndim == 2:  # a shared table: one GEMM for every head (faster than one each)

@@ -215,7 +215,9 @@ def general_attention(
     if method == "efficient" and all(type(a).__module__ == "numpy" for a in (q, k, v, table)):
         check_table("table", table, q, width=q.shape[-1])
         _check_grid(q.shape[-2], t_k, _t_max(table), q_offset, order)
-        rows = numpy_block_logits(q, table, t_k, q_offset=q_offset, order=order)
+        if order == "future_to_past":  # reversed, row c holds distance c - (t_max - 1)
+            table = table[..., ::-1, :]
+        rows = numpy_block_logits(q, table, t_k, q_offset=q_offset, low=1 - _t_max(table))
     if rows is None:
         position = general_logits(q, table, t_k, q_offset=q_offset, order=order, method=method)
         return attention(

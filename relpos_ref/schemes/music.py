@@ -294,7 +294,8 @@ def music_attention(
         # NumPy, a table about as long as the keys: the term as general's, one block
         # of queries at a time, from the table extended to every distance of the grid.
         extended = _extended_table(table, t_q, t_k, q_offset=q_offset, beyond=beyond)
-        rows = numpy_block_logits(q, extended, t_k, q_offset=q_offset, order="past_to_future")
+        low = -(t_q - 1) - q_offset  # the grid's most distant past
+        rows = numpy_block_logits(q, extended, t_k, q_offset=q_offset, low=low)
 
         def softmax(content: Any, s: float, allowed: Any) -> Any:
             return _softmax_of_terms(content, scale=s, allowed=allowed, position_rows=rows)
@@ -337,20 +338,17 @@ def _numpy_window_path(q: Any, k: Any, table: Any, *, q_offset: int, method: str
 
 
 def _extended_table(table: Any, t_q: int, t_k: int, *, q_offset: int, beyond: str) -> Any:
-    """The one-sided table as a two-sided (general) one over every distance of the grid.
+    """The one-sided table extended to the grid's distances, ``r_min .. r_max`` (row ``r - r_min``).
 
-    Rows for ``r = -(T - 1) .. T - 1`` (row ``r + T - 1``), ``T`` the largest
-    ``|r|`` plus one: the table's rows for ``-(M - 1) .. 0``, its first row
-    (``"clip"``) or zeros (``"zero"``) before them, and zeros for the
-    future, whose positional term is zero. NumPy only; ``O((t_q + t_k) d)``.
+    The table's rows for ``-(M - 1) .. 0``, its first row (``"clip"``) or
+    zeros (``"zero"``) before them, and zeros for the future, whose
+    positional term is zero. NumPy only; ``O((t_q + t_k) d)``.
     """
     import numpy as np
 
     m = table.shape[-2]
-    reach = max(t_q - 1 + q_offset, t_k - 1 - q_offset, m - 1)
-    t_max = reach + 1
-    extended = np.zeros((*table.shape[:-2], 2 * t_max - 1, table.shape[-1]), dtype=table.dtype)
-    extended[..., t_max - m : t_max, :] = table
-    if beyond == "clip":
-        extended[..., : t_max - m, :] = table[..., :1, :]
-    return extended
+    r_min, r_max = -(t_q - 1) - q_offset, t_k - 1 - q_offset
+    r = np.arange(r_min, r_max + 1)
+    row = np.clip(r, -(m - 1), 0) + (m - 1)
+    keep = (r <= 0) & ((r >= -(m - 1)) | (beyond == "clip"))
+    return np.where(keep[:, None], np.take(table, row, axis=-2), 0).astype(table.dtype, copy=False)

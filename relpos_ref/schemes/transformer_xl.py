@@ -37,10 +37,10 @@ from typing import Any
 
 from .. import _xp
 from .._validate import as_float, as_int, nonnegative_int
-from ..attention import attention
+from ..attention import _attention, _softmax_of_terms, attention
 from ..layouts import rel_shift
 from ..positions import relative_positions
-from ._tables import check_method, check_table, contract_rows
+from ._tables import check_method, check_table, contract_rows, numpy_block_logits
 from .rope import rope_frequencies
 
 __all__ = [
@@ -335,11 +335,44 @@ def transformer_xl_attention(
     _xp.array_namespace(q, k, v, w_r, content_bias, position_bias)
     t_q, t_k = q.shape[-2], k.shape[-2]
     q_offset = _end_aligned(t_q, t_k, q_offset)
-    position = transformer_xl_logits(
-        q, k, w_r, content_bias, position_bias, q_offset=q_offset, clamp_len=clamp_len,
-        base=base, method=method,
+    check_method(method)
+    arrays = (q, k, w_r, content_bias, position_bias)
+    if method == "definition" or t_q == 0 or t_k == 0 or not all(
+        a is None or type(a).__module__ == "numpy" for a in arrays
+    ):
+        position = transformer_xl_logits(
+            q, k, w_r, content_bias, position_bias, q_offset=q_offset, clamp_len=clamp_len,
+            base=base, method=method,
+        )
+        return attention(
+            q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
+            position=position, return_weights=return_weights,
+        )
+    # NumPy: terms (b) + (d) one block of queries at a time from the t_q + t_k - 1 rows
+    # p_delta (no (t_q, t_q + t_k - 1) matrix, no rel_shift pass), term (c) per block.
+    import numpy as np
+
+    _check_projection(w_r, q)
+    _check_bias("content_bias", content_bias, q)
+    _check_bias("position_bias", position_bias, q)
+    query = q if position_bias is None else q + _per_head_vector(position_bias)
+    low = -(t_q - 1) - q_offset  # the grid's most distant past
+    delta = -(np.arange(low, t_k - q_offset))
+    c = _clamp_len(clamp_len)
+    delta = delta if c is None else np.clip(delta, -c, c)
+    per_distance = numpy_block_logits(
+        query, _projected_rows(delta, w_r, base), t_k, q_offset=q_offset, low=low
     )
-    return attention(
-        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, position=position,
-        return_weights=return_weights,
+    key_term = None if content_bias is None else np.swapaxes(k @ content_bias[..., :, None], -1, -2)
+
+    def rows(a: int, b: int) -> Any:
+        term = per_distance(a, b)
+        return term if key_term is None else term + key_term
+
+    def softmax(content: Any, s: float, allowed: Any) -> Any:
+        return _softmax_of_terms(content, scale=s, allowed=allowed, position_rows=rows)
+
+    return _attention(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, bias=None,
+        position=None, return_weights=return_weights, softmax=softmax,
     )
