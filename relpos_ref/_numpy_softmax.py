@@ -23,13 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ._xp import all_numpy
+
 __all__ = ["clipped_table_softmax", "softmax_of_terms"]
 
 _BLOCK_BYTES = 2**20
-
-
-def _is_numpy(*arrays: Any) -> bool:
-    return all(a is None or type(a).__module__ == "numpy" for a in arrays)
 
 
 def _rows_per_block(content: Any, cap: int | None = None) -> int:
@@ -40,11 +38,7 @@ def _rows_per_block(content: Any, cap: int | None = None) -> int:
 
 
 def _owned(content: Any) -> bool:
-    return (
-        type(content).__module__ == "numpy"
-        and content.flags.writeable
-        and content.flags.c_contiguous
-    )
+    return all_numpy(content) and content.flags.writeable and content.flags.c_contiguous
 
 
 def _fits(shape: tuple[int, ...], term: Any) -> bool:
@@ -77,7 +71,7 @@ def softmax_of_terms(
     subtract the row maximum, exponentiate, divide by the row sum), and each
     row is reduced whole, so the result equals theirs bit for bit.
     """
-    if not (_owned(content) and _is_numpy(position, bias, allowed)):
+    if not (_owned(content) and all_numpy(position, bias, allowed)):
         return None
     shape = content.shape
     if not all(_fits(shape, term) for term in (position, bias, allowed)):
@@ -166,7 +160,7 @@ def clipped_table_softmax(
 
     k = max_distance
     n = 2 * k + 1
-    if not (_owned(content) and _is_numpy(table_logits, allowed)) or content.ndim < 2:
+    if not (_owned(content) and all_numpy(table_logits, allowed)) or content.ndim < 2:
         return None
     *batch, t_q, t_k = content.shape
     if n > t_k or not _fits(content.shape, allowed) or table_logits.shape[-1] != n:
@@ -271,8 +265,7 @@ def _exp_shifted(rows: Any, const: Any, small: slice, rest: slice) -> None:
     # row maximum (0 for a row with no allowed key). The two slices split the keys.
     import numpy as np
 
-    t_k = rows.shape[-1]
-    has_small, has_rest = (len(range(t_k)[part]) > 0 for part in (small, rest))
+    has_small, has_rest = small.stop > small.start, rest.stop > rest.start
     if has_rest:
         row_max = np.max(rows[..., rest], axis=-1, keepdims=True)
         if has_small:

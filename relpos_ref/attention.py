@@ -309,10 +309,13 @@ def _attention(
     position: Any,
     return_weights: bool,
     softmax: Callable[[Any, float, Any], Any] | None = None,
+    position_rows: Callable[[int, int], Any] | None = None,
 ) -> Any:
-    # `attention`, plus a hook for the schemes' NumPy fast paths: `softmax(content, s,
-    # allowed)` returns the weights of ``s (content + the scheme's position term)``,
-    # restricted to `allowed`, computed in `content` (which this function owns).
+    # `attention`, plus two hooks for the schemes' NumPy fast paths, each in place of
+    # `position`: `softmax(content, s, allowed)` returns the weights of
+    # ``s (content + the scheme's position term)``, restricted to `allowed`, computed in
+    # `content` (which this function owns); `position_rows(a, b)` gives the position
+    # term of query rows a .. b - 1, asked for one block at a time.
     xp, _ = check_qkv(q, k, v)
     _xp.array_namespace(q, mask, bias, position)  # one library for every array argument
     *_, t_q, d = q.shape
@@ -331,7 +334,14 @@ def _attention(
             raise RuntimeError(msg)
         weights = softmax(content, s, allowed)
     else:
-        weights = _softmax_of_terms(content, scale=s, position=position, bias=bias, allowed=allowed)
+        weights = _softmax_of_terms(
+            content,
+            scale=s,
+            position=position,
+            bias=bias,
+            allowed=allowed,
+            position_rows=position_rows,
+        )
     out = xp.matmul(weights, v)
     return (out, weights) if return_weights else out
 

@@ -542,13 +542,9 @@ def _numpy_distance_view(row: Any, t_q: int, t_k: int) -> Any:
     (a scalar bias): `row` holds its values for ``r = r_min .. r_max``, the
     ``t_q + t_k - 1`` distances of the grid in order, and row ``i`` of the
     result starts ``i`` entries earlier in it (a Toeplitz matrix, no copy).
-    Returns ``None`` for other libraries or a `row` of the wrong length.
-    The view is read-only.
+    `row` is a NumPy array and ``t_q, t_k >= 1`` (the caller checks). The
+    view is read-only.
     """
-    if type(row).__module__ != "numpy" or t_q == 0 or t_k == 0:
-        return None
-    if row.shape[-1] != t_q + t_k - 1:
-        return None
     import numpy as np
 
     row = np.ascontiguousarray(row)

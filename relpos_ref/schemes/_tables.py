@@ -238,12 +238,10 @@ def bias_by_distance(
     entry for entry, since every entry is the same function of the same
     distance. Other libraries get the full evaluation.
     """
-    if type(like).__module__ == "numpy" and t_q > 0 and t_k > 0:
+    if _xp.all_numpy(like) and t_q > 0 and t_k > 0:
         r_min = -(t_q - 1) - q_offset
         row = bias_of_grid(1, t_q + t_k - 1, -r_min)
-        view = _numpy_distance_view(row[..., 0, :], t_q, t_k)
-        if view is not None:
-            return view
+        return _numpy_distance_view(row[..., 0, :], t_q, t_k)
     return bias_of_grid(t_q, t_k, q_offset)
 
 

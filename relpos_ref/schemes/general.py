@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import _xp
 from .._validate import as_int, check_choice, nonnegative_int, positive_int
-from ..attention import _attention, _softmax_of_terms, attention
+from ..attention import _attention, attention
 from ..layouts import TABLE_ORDERS, stacked_diagonals
 from ..positions import check_distances_in_table, relative_positions
 from ._tables import (
@@ -212,7 +212,7 @@ def general_attention(
     check_method(method)
     t_k = k.shape[-2]
     rows = None
-    if method == "efficient" and all(type(a).__module__ == "numpy" for a in (q, k, v, table)):
+    if method == "efficient" and _xp.all_numpy(q, k, v, table):
         check_table("table", table, q, width=q.shape[-1])
         _check_grid(q.shape[-2], t_k, _t_max(table), q_offset, order)
         if order == "future_to_past":  # reversed, row c holds distance c - (t_max - 1)
@@ -232,9 +232,6 @@ def general_attention(
             return_weights=return_weights,
         )
 
-    def softmax(content: Any, s: float, allowed: Any) -> Any:
-        return _softmax_of_terms(content, scale=s, allowed=allowed, position_rows=rows)
-
     return _attention(
         q,
         k,
@@ -246,5 +243,5 @@ def general_attention(
         bias=None,
         position=None,
         return_weights=return_weights,
-        softmax=softmax,
+        position_rows=rows,
     )

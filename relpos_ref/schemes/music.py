@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import _xp
 from .._validate import as_int, check_choice, nonnegative_int
-from ..attention import _attention, _softmax_of_terms
+from ..attention import _attention
 from ..layouts import rel_shift
 from ..positions import (
     _ERROR_POLICY_HINT,
@@ -287,7 +287,7 @@ def music_attention(
     _xp.array_namespace(q, k, v, table, value_table)
     check_value_width(value_table, v)
     t_q, t_k = q.shape[-2], k.shape[-2]
-    softmax = position = None
+    rows = position = None
     if _numpy_window_path(q, k, table, q_offset=q_offset, method=method):
         check_table("table", table, q, width=q.shape[-1])
         _check_beyond(t_q, t_k, table.shape[-2], q_offset, beyond)
@@ -296,10 +296,6 @@ def music_attention(
         extended = _extended_table(table, t_q, t_k, q_offset=q_offset, beyond=beyond)
         low = -(t_q - 1) - q_offset  # the grid's most distant past
         rows = numpy_block_logits(q, extended, t_k, q_offset=q_offset, low=low)
-
-        def softmax(content: Any, s: float, allowed: Any) -> Any:
-            return _softmax_of_terms(content, scale=s, allowed=allowed, position_rows=rows)
-
     else:
         position = music_logits(q, table, t_k, q_offset=q_offset, beyond=beyond, method=method)
     out, weights = _attention(
@@ -313,7 +309,7 @@ def music_attention(
         bias=None,
         position=position,
         return_weights=True,
-        softmax=softmax,
+        position_rows=rows,
     )
     if value_table is not None:
         out = out + music_values(
@@ -329,7 +325,7 @@ def _numpy_window_path(q: Any, k: Any, table: Any, *, q_offset: int, method: str
     t_q, t_k = q.shape[-2], k.shape[-2]
     return (
         method == "efficient"
-        and all(type(a).__module__ == "numpy" for a in (q, k, table))
+        and _xp.all_numpy(q, k, table)
         and q_offset == t_k - t_q
         and 2 * table.shape[-2] >= t_k > 0
         and t_q > 0

@@ -54,15 +54,11 @@ def _max_distance(name: str, table: Any) -> int:
 
 
 def _numpy_fast_path(q: Any, k: Any, key_table: Any, *, method: str, beyond: str) -> bool:
-    # The in-place NumPy key term applies to the efficient method with clipping.
+    # The fused NumPy softmax (`clipped_table_softmax`) applies to the efficient method
+    # with clipping.
     check_method(method)
     check_choice("beyond", beyond, BEYOND_POLICIES)
-    arrays = (q, k, key_table)
-    return (
-        method == "efficient"
-        and beyond == "clip"
-        and all(type(a).__module__ == "numpy" for a in arrays)
-    )
+    return method == "efficient" and beyond == "clip" and _xp.all_numpy(q, k, key_table)
 
 
 def shaw_index(

@@ -37,7 +37,7 @@ from typing import Any
 
 from .. import _xp
 from .._validate import as_float, as_int, nonnegative_int
-from ..attention import _attention, _softmax_of_terms, attention
+from ..attention import _attention, attention
 from ..layouts import rel_shift
 from ..positions import relative_positions
 from ._tables import check_method, check_table, contract_rows, numpy_block_logits
@@ -260,17 +260,28 @@ def transformer_xl_logits(
         )
         out = contract_rows(query, _projected_rows(delta, w_r, base))
     else:
-        # One column per distance, r = -(t_q - 1 + q_offset) .. t_k - 1 - q_offset.
-        idx = _xp.index_dtype(xp, dev)
-        r = xp.arange(t_q + t_k - 1, dtype=idx, device=dev) - (t_q - 1 + q_offset)
-        c = _clamp_len(clamp_len)
-        delta = -r if c is None else xp.clip(-r, -c, c)
-        per_distance = xp.matmul(query, xp.matrix_transpose(_projected_rows(delta, w_r, base)))
-        out = rel_shift(per_distance)[..., :t_k]
-    if content_bias is not None:
-        u = content_bias[..., :, None]  # (d, 1) or (h, d, 1)
-        out = out + xp.matrix_transpose(xp.matmul(k, u))
-    return out
+        rows = _projected_rows(_grid_deltas(xp, t_q, t_k, q_offset, clamp_len, dev), w_r, base)
+        out = rel_shift(xp.matmul(query, xp.matrix_transpose(rows)))[..., :t_k]
+    key_term = _key_term(k, content_bias)
+    return out if key_term is None else out + key_term
+
+
+def _grid_deltas(xp: Any, t_q: int, t_k: int, q_offset: int, clamp_len: Any, dev: Any) -> Any:
+    # delta = -r for r = -(t_q - 1 + q_offset) .. t_k - 1 - q_offset, most distant past
+    # first, clamped to +-clamp_len: one entry per column of the efficient layout.
+    idx = _xp.index_dtype(xp, dev)
+    r = xp.arange(t_q + t_k - 1, dtype=idx, device=dev) - (t_q - 1 + q_offset)
+    c = _clamp_len(clamp_len)
+    return -r if c is None else xp.clip(-r, -c, c)
+
+
+def _key_term(k: Any, content_bias: Any) -> Any:
+    # Term (c), u . k_j, as a (..., 1, t_k) row broadcast over the queries; None without u.
+    if content_bias is None:
+        return None
+    xp = _xp.array_namespace(k, content_bias)
+    u = content_bias[..., :, None]  # (d, 1) or (h, d, 1)
+    return xp.matrix_transpose(xp.matmul(k, u))
 
 
 def transformer_xl_attention(
@@ -336,10 +347,8 @@ def transformer_xl_attention(
     t_q, t_k = q.shape[-2], k.shape[-2]
     q_offset = _end_aligned(t_q, t_k, q_offset)
     check_method(method)
-    arrays = (q, k, w_r, content_bias, position_bias)
-    if method == "definition" or t_q == 0 or t_k == 0 or not all(
-        a is None or type(a).__module__ == "numpy" for a in arrays
-    ):
+    numpy = _xp.all_numpy(q, k, w_r, content_bias, position_bias)
+    if method == "definition" or t_q == 0 or t_k == 0 or not numpy:
         position = transformer_xl_logits(
             q, k, w_r, content_bias, position_bias, q_offset=q_offset, clamp_len=clamp_len,
             base=base, method=method,
@@ -350,29 +359,21 @@ def transformer_xl_attention(
         )
     # NumPy: terms (b) + (d) one block of queries at a time from the t_q + t_k - 1 rows
     # p_delta (no (t_q, t_q + t_k - 1) matrix, no rel_shift pass), term (c) per block.
-    import numpy as np
-
     _check_projection(w_r, q)
     _check_bias("content_bias", content_bias, q)
     _check_bias("position_bias", position_bias, q)
     query = q if position_bias is None else q + _per_head_vector(position_bias)
-    low = -(t_q - 1) - q_offset  # the grid's most distant past
-    delta = -(np.arange(low, t_k - q_offset))
-    c = _clamp_len(clamp_len)
-    delta = delta if c is None else np.clip(delta, -c, c)
-    per_distance = numpy_block_logits(
-        query, _projected_rows(delta, w_r, base), t_k, q_offset=q_offset, low=low
-    )
-    key_term = None if content_bias is None else np.swapaxes(k @ content_bias[..., :, None], -1, -2)
+    xp = _xp.array_namespace(q)
+    p_delta = _projected_rows(_grid_deltas(xp, t_q, t_k, q_offset, clamp_len, None), w_r, base)
+    low = -(t_q - 1) - q_offset  # the distance of p_delta's first row
+    per_distance = numpy_block_logits(query, p_delta, t_k, q_offset=q_offset, low=low)
+    key_term = _key_term(k, content_bias)
 
     def rows(a: int, b: int) -> Any:
         term = per_distance(a, b)
         return term if key_term is None else term + key_term
 
-    def softmax(content: Any, s: float, allowed: Any) -> Any:
-        return _softmax_of_terms(content, scale=s, allowed=allowed, position_rows=rows)
-
     return _attention(
         q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, bias=None,
-        position=None, return_weights=return_weights, softmax=softmax,
+        position=None, return_weights=return_weights, position_rows=rows,
     )
