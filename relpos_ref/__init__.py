@@ -4,17 +4,27 @@ Small pure functions over the Python array API, so the same code runs on
 NumPy, CuPy, torch, JAX and array-api-strict. The conventions are stated once,
 in :mod:`relpos_ref.positions`: the distance is key minus query,
 ``r = j - (i + q_offset)``.
+
+`attention` and every ``<scheme>_attention`` here are the specification's
+functions (`relpos_ref.schemes`) behind the dispatcher of `relpos_ref.kernels`,
+which runs a faster kernel where the arrays' library has one; everything else
+is the specification itself.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
+from . import attention as _attention_module
+from . import schemes as _schemes
 from .attention import (
     allowed_keys,
-    attention,
     compose_logits,
     default_scale,
     masked_softmax,
 )
+from .kernels import dispatched as _dispatched
 from .layouts import (
     gather,
     pad_flatten_reshape,
@@ -34,50 +44,69 @@ from .positions import (
     table_index,
 )
 from .schemes import (
-    absolute_attention,
     absolute_index,
     absolute_logits,
-    alibi_attention,
     alibi_bias,
     alibi_slopes,
-    bias_attention,
     bias_logits,
-    deberta_attention,
     deberta_bucket,
     deberta_bucket_boundaries,
     deberta_index,
     deberta_logits,
-    general_attention,
+    deberta_rows,
     general_index,
     general_logits,
-    grid2d_attention,
+    general_window,
     grid2d_index,
     grid2d_logits,
-    music_attention,
     music_index,
     music_logits,
     music_values,
-    rope_attention,
     rope_frequencies,
     rope_rotate,
-    shaw_attention,
     shaw_index,
     shaw_logits,
     shaw_values,
-    swin_attention,
     swin_bias,
     swin_index,
-    t5_attention,
     t5_bias,
     t5_bucket,
     t5_bucket_boundaries,
-    transformer_xl_attention,
     transformer_xl_distance,
     transformer_xl_embedding,
     transformer_xl_logits,
+    transformer_xl_rows,
 )
 
 __version__ = "0.1.0"
+
+attention = _dispatched("plain", _attention_module.attention)
+absolute_attention = _dispatched("absolute", _schemes.absolute_attention)
+alibi_attention = _dispatched("alibi", _schemes.alibi_attention)
+bias_attention = _dispatched("bias", _schemes.bias_attention)
+deberta_attention = _dispatched("deberta", _schemes.deberta_attention)
+general_attention = _dispatched("general", _schemes.general_attention)
+grid2d_attention = _dispatched("grid2d", _schemes.grid2d_attention)
+music_attention = _dispatched("music", _schemes.music_attention)
+rope_attention = _dispatched("rope", _schemes.rope_attention)
+shaw_attention = _dispatched("shaw", _schemes.shaw_attention)
+swin_attention = _dispatched("swin", _schemes.swin_attention)
+t5_attention = _dispatched("t5", _schemes.t5_attention)
+transformer_xl_attention = _dispatched("transformer_xl", _schemes.transformer_xl_attention)
+
+#: Submodules reachable as attributes after ``import relpos_ref``, imported on first use.
+_SUBMODULES = ("backends", "blocked", "catalog", "golden", "kernels", "presets", "testing")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    msg = f"module {__name__!r} has no attribute {name!r}"
+    raise AttributeError(msg)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SUBMODULES})
 
 __all__ = [
     "TableIndex",
@@ -100,12 +129,14 @@ __all__ = [
     "deberta_bucket_boundaries",
     "deberta_index",
     "deberta_logits",
+    "deberta_rows",
     "default_scale",
     "distance_range",
     "gather",
     "general_attention",
     "general_index",
     "general_logits",
+    "general_window",
     "grid2d_attention",
     "grid2d_index",
     "grid2d_logits",
@@ -141,4 +172,5 @@ __all__ = [
     "transformer_xl_distance",
     "transformer_xl_embedding",
     "transformer_xl_logits",
+    "transformer_xl_rows",
 ]

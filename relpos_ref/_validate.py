@@ -16,6 +16,7 @@ __all__ = [
     "as_float",
     "as_int",
     "broadcast_shapes",
+    "check_bool",
     "check_choice",
     "nonnegative_int",
     "positive_int",
@@ -54,6 +55,18 @@ def positive_int(name: str, value: Any) -> int:
         msg = f"`{name}` must be >= 1, got {out}"
         raise ValueError(msg)
     return out
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """`value` as a Python ``bool``; a `ValueError` naming `name` otherwise.
+
+    Accepts ``True``, ``False`` and NumPy's bool scalars, nothing else: a
+    string such as ``"no"`` or a number would otherwise be read as true.
+    """
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    msg = f"`{name}` must be True or False, got {value!r} of type {type(value).__name__}"
+    raise ValueError(msg)
 
 
 def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:

@@ -12,7 +12,6 @@ from typing import Any
 import array_api_compat
 
 __all__ = [
-    "all_numpy",
     "array_namespace",
     "check_floating",
     "check_same_dtype",
@@ -27,11 +26,6 @@ def library_name(x: Any) -> str:
     """Name of the library an array belongs to, for error messages."""
     module = type(x).__module__ or ""
     return module.split(".", 1)[0] or type(x).__name__
-
-
-def all_numpy(*arrays: Any) -> bool:
-    """Whether every array that is not ``None`` is a NumPy ``ndarray`` (fast-path gate)."""
-    return all(a is None or type(a).__module__ == "numpy" for a in arrays)
 
 
 def array_namespace(*arrays: Any) -> Any:

@@ -12,24 +12,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import cli_golden
+from . import catalog, cli_golden
 
 __all__ = ["VIEWS", "format_matrix", "main"]
 
-VIEWS = (
-    "positions",
-    "index",
-    "valid",
-    "causal-index",
-    "grid",
-    "absolute",
-    "shaw",
-    "bias",
-    "music",
-    "general",
-    "grid2d",
-)
-_ALIASES = {"shaw": "index", "bias": "index", "music": "causal-index"}
+#: Views of the conventions themselves; every scheme of the catalog is a view too.
+CONVENTION_VIEWS = ("positions", "index", "valid", "causal-index", "grid")
+VIEWS = (*CONVENTION_VIEWS, *catalog.names())
 
 _SHOW_HELP = """\
 views:
@@ -42,14 +31,10 @@ views:
   grid          row and column distances between the tokens of an h x w grid
                 in row-major order
 
-scheme views (the table row each (query, key) pair reads):
-  absolute      row j of the absolute table (the key's position)
-  shaw, bias    row r + K of the 2K+1-row table (same as index)
-  music         row r + M - 1 of the one-sided table (same as causal-index)
-  general       row of the 2 t_max - 1 table, --order past_to_future or
-                future_to_past
-  grid2d        rows of the row table (2h - 1 rows) and of the column table
-                (2w - 1 rows) for each token pair
+scheme views, one per scheme of relpos_ref.catalog: the integers each (query,
+key) pair reads (table rows, buckets, distances); '-' where a row does not
+apply. Sizes left out fit the grid (M = t_k, t_max = max(t_q, t_k)) or take
+the catalog's default.
 
 examples:
   relpos-ref show positions --tq 5 --tk 5
@@ -91,8 +76,8 @@ def _grid_args(p: argparse.ArgumentParser) -> None:
     align.add_argument(
         "--q-offset",
         type=int,
-        default=0,
-        help="position of query 0 (default 0, start-aligned)",
+        default=None,
+        help="position of query 0 (default 0, start-aligned; the scheme's for a scheme view)",
     )
     align.add_argument(
         "--end-aligned",
@@ -100,28 +85,51 @@ def _grid_args(p: argparse.ArgumentParser) -> None:
         help="q_offset = t_k - t_q: the last query sits at the last key (decoding)",
     )
     p.add_argument(
-        "--max-distance", "-K", type=int, default=2, help="K for index/valid (default 2)"
+        "--max-distance", "-K", type=int, default=None,
+        help="K for index/valid (default 2) and shaw/bias; T5's max_distance (default 128)",
     )
     p.add_argument(
-        "--length", "-M", type=int, default=None, help="M for causal-index (default t_k)"
+        "--length", "-M", type=int, default=None, help="M for causal-index and music (default t_k)"
     )
     p.add_argument(
         "--beyond",
         choices=("clip", "zero", "error"),
-        default="clip",
+        default=None,
         help="policy for distances beyond the table (default clip)",
-    )
-    p.add_argument(
-        "--t-max", type=int, default=None, help="t_max for general (default max(t_q, t_k))"
-    )
-    p.add_argument(
-        "--order",
-        choices=("past_to_future", "future_to_past"),
-        default="past_to_future",
-        help="row order of the general table (default past_to_future)",
     )
     p.add_argument("--height", type=int, default=2, help="grid height h (default 2)")
     p.add_argument("--width", type=int, default=3, help="grid width w (default 3)")
+    _catalog_args(p)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _catalog_args(p: argparse.ArgumentParser) -> None:
+    # One flag per size and per option that changes the intermediates, across the catalog.
+    taken = {"max_distance", "length", "beyond", "height", "width"}
+    for entry in catalog.SCHEMES.values():
+        for size in entry.sizes:
+            if size.name not in taken:
+                taken.add(size.name)
+                p.add_argument(_flag(size.name), type=int, default=None,
+                               help=f"{size.name} for {entry.name}: {size.meaning}")
+        defaults = entry.option_defaults()
+        for option in entry.options:
+            if not option.grid or option.name in taken:
+                continue
+            taken.add(option.name)
+            default = defaults.get(option.name)
+            text = f"{option.name} for {entry.name}: {option.meaning} (default {default})"
+            if option.choices == (True, False):
+                p.add_argument(_flag(option.name), action=argparse.BooleanOptionalAction,
+                               default=None, help=text)
+            elif option.choices:
+                p.add_argument(_flag(option.name), choices=option.choices, default=None,
+                               help=text)
+            else:
+                p.add_argument(_flag(option.name), type=int, default=None, help=text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,23 +172,16 @@ def _show(args: argparse.Namespace) -> str:
     import array_api_compat.numpy as xp
 
     from .positions import causal_table_index, grid_positions, relative_positions, table_index
-    from .schemes import absolute_index, general_index, grid2d_index
 
-    view = _ALIASES.get(args.view, args.view)
-    if view == "grid2d":
-        rows, cols = grid2d_index(args.height, args.width, xp=xp)
-        h, w = args.height, args.width
-        return "\n".join(
-            [
-                f"grid2d h={h} w={w}: row table of {2 * h - 1} rows, column table of {2 * w - 1}",
-                "row-table row (x_m - x_n + h - 1)",
-                format_matrix(rows.tolist(), row_label="n", col_label="m"),
-                "",
-                "column-table row (y_m - y_n + w - 1)",
-                format_matrix(cols.tolist(), row_label="n", col_label="m"),
-            ]
-        )
-    if view == "grid":
+    t_q = args.tq
+    t_k = t_q if args.tk is None else args.tk
+    q_offset = t_k - t_q if args.end_aligned else args.q_offset
+    if args.view in catalog.SCHEMES:
+        entry = catalog.get(args.view)
+        q_offset = entry.defaults.resolve_q_offset(q_offset, t_q, t_k)  # None: the scheme's
+        return _show_scheme(entry, args, t_q, t_k, q_offset)
+    q_offset = 0 if q_offset is None else q_offset
+    if args.view == "grid":
         rows, cols = grid_positions(args.height, args.width, xp=xp)
         dr = rows[None, :] - rows[:, None]
         dc = cols[None, :] - cols[:, None]
@@ -198,37 +199,76 @@ def _show(args: argparse.Namespace) -> str:
                 format_matrix(dc.tolist(), row_label="n", col_label="m"),
             ]
         )
-    t_q = args.tq
-    t_k = t_q if args.tk is None else args.tk
-    q_offset = t_k - t_q if args.end_aligned else args.q_offset
     r = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp)
     header = f"t_q={t_q} t_k={t_k} q_offset={q_offset}"
-    if view == "absolute":
-        index = absolute_index(t_q, t_k, xp=xp)
-        return f"row j of the absolute table   {header}\n" + format_matrix(index.tolist())
-    if view == "general":
-        t_max = max(t_q, t_k) if args.t_max is None else args.t_max
-        index = general_index(t_q, t_k, t_max=t_max, q_offset=q_offset, order=args.order, xp=xp)
-        what = f"{header} t_max={t_max} order={args.order}"
-        return f"row of the {2 * t_max - 1}-row general table   {what}\n" + format_matrix(
-            index.tolist()
-        )
-    if view == "positions":
+    if args.view == "positions":
         return f"distance r = j - (i + q_offset)   {header}\n" + format_matrix(r.tolist())
-    if view in ("index", "valid"):
-        k = args.max_distance
-        index, valid = table_index(r, k, beyond=args.beyond)
-        what = f"{header} K={k} beyond={args.beyond}"
-        if view == "valid":
+    beyond = args.beyond or "clip"
+    if args.view in ("index", "valid"):
+        k = 2 if args.max_distance is None else args.max_distance
+        index, valid = table_index(r, k, beyond=beyond)
+        what = f"{header} K={k} beyond={beyond}"
+        if args.view == "valid":
             shown = valid.astype(int).tolist()
             return f"valid (1 = has a row)   {what}\n" + format_matrix(shown)
         shown = _mark_invalid(index, valid)
         return f"row r + K of a {2 * k + 1}-row table   {what}\n" + format_matrix(shown)
     m = t_k if args.length is None else args.length
-    index, valid = causal_table_index(r, m, beyond=args.beyond)
+    index, valid = causal_table_index(r, m, beyond=beyond)
     shown = _mark_invalid(index, valid)
-    what = f"{header} M={m} beyond={args.beyond}"
+    what = f"{header} M={m} beyond={beyond}"
     return f"row r + M - 1 of a {m}-row causal table   {what}\n" + format_matrix(shown)
+
+
+#: Captions of the integer intermediates of `relpos_ref.catalog.Scheme.indices`.
+_CAPTIONS = {
+    "distance": "distance r = j - (i + q_offset)",
+    "index": "table row",
+    "index_rows": "row of the row table: key row - query row + height - 1",
+    "index_cols": "row of the column table: key column - query column + width - 1",
+    "delta": "query-minus-key distance delta = -r, clamped to +-clamp_len",
+    "bucket": "log bucket of r",
+}
+
+
+def _show_scheme(
+    entry: catalog.Scheme, args: argparse.Namespace, t_q: int, t_k: int, q_offset: int
+) -> str:
+    import array_api_compat.numpy as xp
+
+    sizes = {}
+    for size in entry.sizes:
+        value = getattr(args, size.name)
+        if value is None:
+            value = size.fit(t_q, t_k) if size.fit is not None else size.default
+        sizes[size.key] = value
+    options = {}
+    for option in entry.options:
+        value = getattr(args, option.name, None) if option.grid else None
+        if value is not None:
+            options[option.name] = value
+    options = {**{o: v for o, v in entry.option_defaults().items()
+                  if any(x.name == o and x.grid for x in entry.options)}, **options}
+    if entry.grid is not None:
+        t_q = t_k = entry.grid(sizes)
+        q_offset = 0
+    found = entry.indices(xp, None, t_q=t_q, t_k=t_k, q_offset=q_offset, sizes=sizes,
+                          options=options)
+    valid = found.pop("valid", None)
+    if len(found) > 1:
+        found.pop("distance", None)
+    shapes = ", ".join(f"{t.name} of {t.rows(sizes | {'d': 1})} rows ({t.rows_text})"
+                       for t in entry.tables if t.width is not None or t.required)
+    named = {s.name: sizes[s.key] for s in entry.sizes}
+    given = " ".join(f"{k}={v}" for k, v in {**named, **options}.items())
+    lines = [f"{entry.name}: {shapes or entry.summary}   t_q={t_q} t_k={t_k} "
+             f"q_offset={q_offset} {given}".rstrip()]
+    for name, a in found.items():
+        shown = _mark_invalid(a, valid) if name == "index" and valid is not None else a.tolist()
+        if len(found) > 1:
+            lines += ["", _CAPTIONS.get(name, name)]
+        lines.append(format_matrix(shown))
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -74,12 +74,12 @@ def gather(x: Any, /, t_k: int, *, offset: int, q_offset: int = 0) -> Any:
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> x = xp.asarray([[10, 11, 12, 13, 14]] * 3)  # columns: r = -2 .. 2
     >>> gather(x, 4, offset=2)
-    array([[12, 13, 14,  0],
+    Array([[12, 13, 14,  0],
            [11, 12, 13, 14],
-           [10, 11, 12, 13]])
+           [10, 11, 12, 13]], dtype=array_api_strict.int64)
     """
     xp, batch, t_q, n_rel = _relative_layout("x", x)
     t_k = nonnegative_int("t_k", t_k)
@@ -116,11 +116,11 @@ def take_per_row(x: Any, index: Any, /) -> Any:
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> x = xp.asarray([[10, 11, 12], [20, 21, 22]])
     >>> take_per_row(x, xp.asarray([[2, 2, 0, 1], [0, 0, 1, 1]]))
-    array([[12, 12, 10, 11],
-           [20, 20, 21, 21]])
+    Array([[12, 12, 10, 11],
+           [20, 20, 21, 21]], dtype=array_api_strict.int64)
     """
     xp, batch, t_q, n = _relative_layout("x", x)
     _xp.array_namespace(x, index)
@@ -162,11 +162,11 @@ def to_relative(x: Any, /, n_rel: int, *, offset: int, q_offset: int = 0) -> Any
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> w = xp.asarray([[1, 2, 3], [4, 5, 6]])
     >>> to_relative(w, 3, offset=1)  # columns r = -1, 0, 1
-    array([[0, 1, 2],
-           [4, 5, 6]])
+    Array([[0, 1, 2],
+           [4, 5, 6]], dtype=array_api_strict.int64)
     """
     xp, batch, t_q, t_k = _relative_layout("x", x)
     n_rel = nonnegative_int("n_rel", n_rel)
@@ -227,12 +227,12 @@ def pad_flatten_reshape(x: Any, /, t_k: int, *, offset: int, q_offset: int = 0) 
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> x = xp.asarray([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [11, 12, 13, 14, 15]])
     >>> pad_flatten_reshape(x, 3, offset=2)  # t = 3, columns r = -2 .. 2
-    array([[ 3,  4,  5],
+    Array([[ 3,  4,  5],
            [ 7,  8,  9],
-           [11, 12, 13]])
+           [11, 12, 13]], dtype=array_api_strict.int64)
     """
     xp, batch, t_q, n_rel = _relative_layout("x", x)
     t_k = nonnegative_int("t_k", t_k)
@@ -297,19 +297,19 @@ def skew(x: Any, /) -> Any:
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> x = xp.asarray([[1, 2, 3], [4, 5, 6], [7, 8, 9]])  # r = -2, -1, 0
     >>> skew(x)
-    array([[3, 0, 4],
+    Array([[3, 0, 4],
            [5, 6, 0],
-           [7, 8, 9]])
+           [7, 8, 9]], dtype=array_api_strict.int64)
     """
     xp, batch, t_q, n_rel = _relative_layout("x", x)
     if t_q != n_rel:
         msg = f"`x` must be square (..., L, L) for the skew, got shape {tuple(x.shape)}"
         raise ValueError(msg)
     if t_q == 0:
-        return x
+        return _zeros(xp, x, tuple(x.shape))
     return _left_pad_shift(xp, x, batch, t_q, n_rel)
 
 
@@ -339,18 +339,18 @@ def rel_shift(x: Any, /) -> Any:
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> x = xp.asarray([[1, 2, 3, 4], [5, 6, 7, 8]])  # r = -3 .. 0, memory 2
     >>> rel_shift(x)
-    array([[2, 3, 4, 0],
-           [5, 6, 7, 8]])
+    Array([[2, 3, 4, 0],
+           [5, 6, 7, 8]], dtype=array_api_strict.int64)
     """
     xp, batch, t_q, t_k = _relative_layout("x", x)
     if t_k < t_q:
         msg = f"`x` must have t_k >= t_q for rel_shift, got shape {tuple(x.shape)}"
         raise ValueError(msg)
     if t_q == 0:
-        return x
+        return _zeros(xp, x, tuple(x.shape))
     return _left_pad_shift(xp, x, batch, t_q, t_k)
 
 
@@ -399,14 +399,14 @@ def stacked_diagonals(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> x = xp.asarray([[-3, -2, -1, 0, 1, 2, 3]] * 2)  # t_max = 4
     >>> stacked_diagonals(x, 4)
-    array([[ 0,  1,  2,  3],
-           [-1,  0,  1,  2]])
+    Array([[ 0,  1,  2,  3],
+           [-1,  0,  1,  2]], dtype=array_api_strict.int64)
     >>> stacked_diagonals(x, 4, order="future_to_past")
-    array([[ 0, -1, -2, -3],
-           [ 1,  0, -1, -2]])
+    Array([[ 0, -1, -2, -3],
+           [ 1,  0, -1, -2]], dtype=array_api_strict.int64)
     """
     xp, batch, t_q, n_rel = _relative_layout("x", x)
     t_k = nonnegative_int("t_k", t_k)
@@ -429,129 +429,8 @@ def stacked_diagonals(
         hint="use a table with a larger t_max",
     )
     r_min, r_max = span
-    fast = _numpy_diagonal_view(x, t_k, q_offset=q_offset, order=order)
-    if fast is not None:
-        return fast
     if order == "past_to_future":
         window = x[..., r_min + t_max - 1 : r_max + t_max]
     else:
         window = xp.flip(x[..., t_max - 1 - r_max : t_max - r_min], axis=-1)
     return pad_flatten_reshape(window, t_k, offset=-r_min, q_offset=q_offset)
-
-
-def _numpy_diagonal_view(x: Any, t_k: int, *, q_offset: int, order: str) -> Any:
-    """`stacked_diagonals` of a C-contiguous NumPy array as a strided view (no copy).
-
-    The library-native form beside the standard one: row ``i`` of the result
-    starts ``i`` elements further into the flat buffer of `x` than row ``i``
-    of `x` does (``n - 1`` elements per row for past to future, ``n + 1``
-    and walking backwards for future to past). Returns ``None`` for anything
-    else (other libraries, non-contiguous arrays), which takes the standard
-    path. The view is read-only; the caller's arithmetic copies it.
-    """
-    if type(x).__module__ != "numpy" or not x.flags.c_contiguous or x.size == 0:
-        return None
-    from numpy.lib.stride_tricks import as_strided
-
-    *batch, t_q, n = x.shape
-    t_max = (n + 1) // 2
-    item = x.itemsize
-    if order == "past_to_future":
-        first = t_max - 1 - q_offset  # column of (i, j) = (0, 0)
-        row_step, col_step = n - 1, 1
-    else:
-        first = t_max - 1 + q_offset
-        row_step, col_step = n + 1, -1
-    flat = x.reshape(-1)
-    return as_strided(
-        flat[first:],
-        shape=(*batch, t_q, t_k),
-        strides=(*x.strides[:-2], row_step * item, col_step * item),
-        writeable=False,
-    )
-
-
-def _numpy_clipped_bins(
-    weights: Any, /, *, low: int, high: int, q_offset: int, block: int = 32
-) -> Any:
-    """Weights summed by the row of a clipped two-sided table, for NumPy.
-
-    The library-native form beside `relpos_ref.schemes._tables.distance_bins`
-    with ``clip=True``: ``out[..., i, c]`` sums ``w[..., i, j]`` over the keys
-    whose distance ``r`` falls in row ``c`` (``r - low`` clipped to
-    ``0 .. high - low``). The band is read by `to_relative`, one weight per
-    entry; the two clipped ends sum, per block of ``B`` query rows, one
-    rectangle (a matrix-vector product with ones, BLAS) and one small
-    triangle inside the ``B x (B + n - 1)`` tile around the band, whose mask
-    is the same for every block. Equal to the standard form up to the order
-    of summation. Returns ``None`` for other libraries.
-    """
-    if type(weights).__module__ != "numpy":
-        return None
-    import numpy as np
-
-    *batch, t_q, t_k = weights.shape
-    n = high - low + 1
-    if weights.size == 0:
-        return to_relative(weights, n, offset=-low, q_offset=q_offset)
-    out = np.empty((*batch, t_q, n), dtype=weights.dtype)
-    # The band: rows whose n distances all have a key are a strided view of the
-    # weights (row i starts at key i + q_offset + low); the others go through
-    # to_relative, which writes 0 where a distance has no key.
-    first = min(max(-(q_offset + low), 0), t_q)
-    last = max(min(t_k - (q_offset + high), t_q), first)
-    if first < last and weights.flags.c_contiguous:
-        step_row, step_col = weights.strides[-2:]
-        flat = weights.reshape(-1)
-        begin = (first * step_row + (first + q_offset + low) * step_col) // weights.itemsize
-        out[..., first:last, :] = np.lib.stride_tricks.as_strided(
-            flat[begin:],
-            shape=(*batch, last - first, n),
-            strides=(*weights.strides[:-2], step_row + step_col, step_col),
-            writeable=False,
-        )
-        edges = ((0, first), (last, t_q))
-    else:
-        edges = ((0, t_q),)
-    for i0, i1 in edges:
-        if i1 > i0:
-            out[..., i0:i1, :] = to_relative(
-                weights[..., i0:i1, :], n, offset=-low, q_offset=q_offset + i0
-            )
-    width = block + n - 1
-    shift = np.arange(width)[None, :] - np.arange(block)[:, None]  # r - low in the tile
-    before, after = (shift < 0).astype(weights.dtype), (shift > n - 1).astype(weights.dtype)
-    ones = np.ones(t_k, dtype=weights.dtype)
-    for a in range(0, t_q, block):
-        b = min(a + block, t_q)
-        start = a + q_offset + low  # key column of the tile's first column
-        lo, hi = min(max(start, 0), t_k), min(max(start + width, 0), t_k)
-        tile = weights[..., a:b, lo:hi]
-        cut = (slice(0, b - a), slice(lo - start, hi - start))
-        left = weights[..., a:b, :lo] @ ones[:lo] + np.sum(tile * before[cut], axis=-1)
-        right = weights[..., a:b, hi:] @ ones[hi:] + np.sum(tile * after[cut], axis=-1)
-        out[..., a:b, 0] += left
-        out[..., a:b, n - 1] += right
-    return out
-
-
-def _numpy_distance_view(row: Any, t_q: int, t_k: int) -> Any:
-    """``out[..., i, j] = row[..., j - i + t_q - 1]`` as a strided view, for NumPy.
-
-    The library-native layout of a term that depends on the distance alone
-    (a scalar bias): `row` holds its values for ``r = r_min .. r_max``, the
-    ``t_q + t_k - 1`` distances of the grid in order, and row ``i`` of the
-    result starts ``i`` entries earlier in it (a Toeplitz matrix, no copy).
-    `row` is a NumPy array and ``t_q, t_k >= 1`` (the caller checks). The
-    view is read-only.
-    """
-    import numpy as np
-
-    row = np.ascontiguousarray(row)
-    step = row.itemsize
-    return np.lib.stride_tricks.as_strided(
-        row[..., t_q - 1 :],
-        shape=(*row.shape[:-1], t_q, t_k),
-        strides=(*row.strides[:-1], -step, step),
-        writeable=False,
-    )

@@ -82,14 +82,14 @@ def relative_positions(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> relative_positions(3, 4, xp=xp)
-    array([[ 0,  1,  2,  3],
+    Array([[ 0,  1,  2,  3],
            [-1,  0,  1,  2],
-           [-2, -1,  0,  1]])
+           [-2, -1,  0,  1]], dtype=array_api_strict.int64)
     >>> relative_positions(2, 4, q_offset=2, xp=xp)  # end-aligned
-    array([[-2, -1,  0,  1],
-           [-3, -2, -1,  0]])
+    Array([[-2, -1,  0,  1],
+           [-3, -2, -1,  0]], dtype=array_api_strict.int64)
     """
     t_q = nonnegative_int("t_q", t_q)
     t_k = nonnegative_int("t_k", t_k)
@@ -225,14 +225,15 @@ def table_index(r: Any, /, max_distance: int, *, beyond: str = "clip") -> TableI
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> r = relative_positions(1, 7, q_offset=3, xp=xp)
     >>> r
-    array([[-3, -2, -1,  0,  1,  2,  3]])
+    Array([[-3, -2, -1,  0,  1,  2,  3]], dtype=array_api_strict.int64)
     >>> table_index(r, 2).index
-    array([[0, 0, 1, 2, 3, 4, 4]])
+    Array([[0, 0, 1, 2, 3, 4, 4]], dtype=array_api_strict.int64)
     >>> table_index(r, 2, beyond="zero").valid
-    array([[False,  True,  True,  True,  True,  True, False]])
+    Array([[False,  True,  True,  True,  True,
+             True, False]], dtype=array_api_strict.bool)
     """
     xp = _xp.array_namespace(r)
     _check_integer_array(xp, "r", r)
@@ -276,14 +277,14 @@ def causal_table_index(r: Any, /, length: int, *, beyond: str = "clip") -> Table
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> r = relative_positions(1, 5, q_offset=3, xp=xp)
     >>> r
-    array([[-3, -2, -1,  0,  1]])
+    Array([[-3, -2, -1,  0,  1]], dtype=array_api_strict.int64)
     >>> causal_table_index(r, 3).index
-    array([[0, 0, 1, 2, 2]])
+    Array([[0, 0, 1, 2, 2]], dtype=array_api_strict.int64)
     >>> causal_table_index(r, 3, beyond="zero").valid
-    array([[False,  True,  True,  True, False]])
+    Array([[False,  True,  True,  True, False]], dtype=array_api_strict.bool)
     """
     xp = _xp.array_namespace(r)
     _check_integer_array(xp, "r", r)
@@ -323,19 +324,19 @@ def grid_positions(h: int, w: int, /, *, xp: Any, device: Any = None) -> tuple[A
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> rows, cols = grid_positions(2, 3, xp=xp)
     >>> rows
-    array([0, 0, 0, 1, 1, 1])
+    Array([0, 0, 0, 1, 1, 1], dtype=array_api_strict.int64)
     >>> cols
-    array([0, 1, 2, 0, 1, 2])
+    Array([0, 1, 2, 0, 1, 2], dtype=array_api_strict.int64)
     >>> rows[None, :] - rows[:, None]  # row distance, key minus query
-    array([[ 0,  0,  0,  1,  1,  1],
+    Array([[ 0,  0,  0,  1,  1,  1],
            [ 0,  0,  0,  1,  1,  1],
            [ 0,  0,  0,  1,  1,  1],
            [-1, -1, -1,  0,  0,  0],
            [-1, -1, -1,  0,  0,  0],
-           [-1, -1, -1,  0,  0,  0]])
+           [-1, -1, -1,  0,  0,  0]], dtype=array_api_strict.int64)
     """
     h = nonnegative_int("h", h)
     w = nonnegative_int("w", w)

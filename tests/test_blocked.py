@@ -126,6 +126,16 @@ def test_rows_without_keys_are_zero(xp):
     assert tuple(empty.shape) == (0, 4)
 
 
+def test_masks_of_every_broadcastable_rank(backend):
+    q = k = v = backend.asarray(np.random.default_rng(1).standard_normal((2, 5, 4)))
+    for mask in (np.array(True), np.array([True, False, True, True, True]),
+                 np.ones((1, 5), dtype=bool), np.ones((5, 1), dtype=bool)):
+        m = backend.asarray(mask)
+        got = blocked_attention(q, k, v, mask=m, block_size=2)
+        want = rp.attention(q, k, v, mask=m)
+        np.testing.assert_allclose(backend.to_numpy(got), backend.to_numpy(want), rtol=1e-12)
+
+
 def test_blocked_memory_grows_with_the_block_not_with_t_squared():
     t, d, block = 4096, 16, 256
     rng = np.random.default_rng(0)
@@ -153,11 +163,11 @@ def test_blocked_bad_input(xp):
                           scheme="bias")
     with pytest.raises(TypeError, match=r"scheme 'general' needs `table`"):
         blocked_attention(q, k, v, scheme="general")
-    with pytest.raises(ValueError, match=r"t_max=2"):
+    with pytest.raises(ValueError, match=r"t_max = 2"):
         blocked_attention(q, k, v, xp.zeros((3, 2), dtype=xp.float64), scheme="general")
     with pytest.raises(ValueError, match=r"max_distance=1"):
         blocked_attention(q, k, v, xp.zeros((3, 2), dtype=xp.float64), scheme="shaw",
                           beyond="error")
-    with pytest.raises(ValueError, match=r"grid2d needs self-attention over the height"):
+    with pytest.raises(ValueError, match=r"`q` must have height \* width = 6 tokens"):
         blocked_attention(q, k, v, xp.zeros((3, 2), dtype=xp.float64),
                           xp.zeros((5, 2), dtype=xp.float64), scheme="grid2d", height=2, width=3)

@@ -105,6 +105,6 @@ def test_show_every_scheme_layout(capsys):
     _, out, _ = _run(capsys, "show", "absolute", "--tq", "1", "--tk", "3")
     assert out.splitlines()[-1] == "  0  0  1  2"
     _, out, _ = _run(capsys, "show", "grid2d", "--height", "2", "--width", "1")
-    assert "row table of 3 rows, column table of 1" in out
+    assert "row_table of 3 rows (2 height - 1), col_table of 1 rows (2 width - 1)" in out
     code, _, err = _run(capsys, "show", "general", "--tq", "4", "--tk", "5", "--t-max", "4")
     assert code == 2 and "exceeds the table's maximum length t_max = 4" in err

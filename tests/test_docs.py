@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _doctest import numbers_close, run_text_examples
+from _doctest import NUMPY_IMPORT, STRICT_IMPORT, numbers_close, run_text_examples
 
 import relpos_ref
 from relpos_ref.cli import build_parser
@@ -30,20 +30,30 @@ import worked  # noqa: E402
 PAGES = sorted(
     p for p in DOCS.rglob("*.md") if "_build" not in p.parts and "_generated" not in p.parts
 )
-FENCE = re.compile(
-    r"(?:<!-- requires: (?P<requires>[\w, ]+) -->\n)?"
-    r"```(?P<lang>[\w{}-]*)[^\n]*\n(?P<body>.*?)\n```",
-    re.S,
-)
+OPENING = re.compile(r"^```(?P<lang>[\w{}-]*)")
+REQUIRES = re.compile(r"^<!-- requires: (?P<requires>[\w, ]+) -->$")
 
 
 def code_blocks(page: Path) -> list[tuple[str, str, list[str]]]:
-    """(language, body, requirements) of each fenced block of a page, in order."""
-    text = page.read_text(encoding="utf-8")
-    out = []
-    for m in FENCE.finditer(text):
-        requires = [r.strip() for r in (m["requires"] or "").split(",") if r.strip()]
-        out.append((m["lang"], m["body"], requires))
+    """(language, body, requirements) of each fenced block of a page, in order.
+
+    Read line by line: a fence opens with three backticks and a language (or
+    a directive such as ``{include}``) and closes at the next line of three
+    backticks; a ``<!-- requires: ... -->`` line right before names the
+    libraries it needs.
+    """
+    lines = page.read_text(encoding="utf-8").splitlines()
+    out, n = [], 0
+    while n < len(lines):
+        opening = OPENING.match(lines[n])
+        if opening is None:
+            n += 1
+            continue
+        end = next(i for i in range(n + 1, len(lines)) if lines[i].strip() == "```")
+        before = REQUIRES.match(lines[n - 1]) if n else None
+        requires = [r.strip() for r in before["requires"].split(",")] if before else []
+        out.append((opening["lang"], "\n".join(lines[n + 1 : end]), requires))
+        n = end + 1
     return out
 
 
@@ -68,21 +78,38 @@ def _pages_with(language: str) -> list[Path]:
     return [p for p in PAGES if any(b[0] == language for b in code_blocks(p))]
 
 
-@pytest.mark.parametrize("page", _pages_with("python"), ids=_page_id)
-def test_python_blocks_run(page):
-    """Every python block runs, in page order and one namespace; >>> output must match."""
+def _pages_and_libraries() -> list:
+    """Each page with python blocks, as written and, where it uses array-api-strict, on NumPy."""
+    out = []
+    for page in _pages_with("python"):
+        out.append(pytest.param(page, False, id=_page_id(page)))
+        if any(STRICT_IMPORT in body for _, body, _ in code_blocks(page)):
+            out.append(pytest.param(page, True, id=f"{_page_id(page)}-numpy"))
+    return out
+
+
+@pytest.mark.parametrize(("page", "on_numpy"), _pages_and_libraries())
+def test_python_blocks_run(page, on_numpy):
+    """Every python block runs, in page order and one namespace; >>> output must match.
+
+    The kernels are disabled (the blocks show the specification); pages
+    written for array-api-strict run a second time on NumPy.
+    """
     blocks = [b for b in code_blocks(page) if b[0] == "python"]
     namespace: dict = {"__name__": f"docs_{page.stem}"}
     ran = 0
     for number, (_, body, requires) in enumerate(blocks, 1):
         if any(_missing(r) for r in requires):
             continue
+        if on_numpy:
+            body = body.replace(STRICT_IMPORT, NUMPY_IMPORT)
         name = f"{_page_id(page)} block {number}"
         if ">>>" in body:
             result = run_text_examples(body, name, namespace)
             assert result.failed == 0, f"{name}: {result.failed} example(s) failed"
         else:
-            exec(compile(body, name, "exec"), namespace)
+            with relpos_ref.kernels.disabled():
+                exec(compile(body, name, "exec"), namespace)
         ran += 1
     assert ran > 0, "every block on this page needs a library that is missing"
 
@@ -252,3 +279,10 @@ def test_rust_reader_reads_a_golden_file(golden_file, tmp_path):
     cmd = [rustc, "--edition", "2021", "-O", str(source), "-o", str(binary)]
     subprocess.run(cmd, check=True, capture_output=True)
     _check_reader(binary, golden_file)
+
+
+def test_the_docs_examples_cover_the_catalog():
+    from relpos_ref import catalog
+
+    assert set(worked.EXAMPLES) == set(worked.SCHEMES) == set(catalog.names())
+    assert set(worked.EXTRAS) <= set(catalog.names())

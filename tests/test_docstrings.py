@@ -16,6 +16,9 @@ MODULES = [
     "relpos_ref.positions",
     "relpos_ref.layouts",
     "relpos_ref.attention",
+    "relpos_ref.calls",
+    "relpos_ref.catalog",
+    "relpos_ref.kernels",
     "relpos_ref.cli",
     "relpos_ref.backends",
     "relpos_ref.schemes.absolute",
@@ -30,6 +33,7 @@ MODULES = [
     "relpos_ref.schemes.rope",
     "relpos_ref.schemes.transformer_xl",
     "relpos_ref.schemes.deberta",
+    "relpos_ref.schemes._tables",
     "relpos_ref.blocked",
     "relpos_ref.golden",
     "relpos_ref.golden.cases",
@@ -43,9 +47,32 @@ MODULES = [
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples_run(name):
     module = importlib.import_module(name)
-    result = run_docstring_examples(module)
-    assert result.attempted > 0 or name in ("relpos_ref._xp", "relpos_ref._validate")
+    result = run_docstring_examples(module, with_kernels=name == "relpos_ref.kernels")
+    assert result.attempted > 0 or name in (
+        "relpos_ref._xp", "relpos_ref._validate", "relpos_ref.schemes._tables"
+    )
     assert result.failed == 0
+
+
+SPECIFICATION = [n for n in MODULES if n.startswith(("relpos_ref.schemes", "relpos_ref.positions",
+                                                     "relpos_ref.layouts", "relpos_ref.attention",
+                                                     "relpos_ref.calls"))]
+
+
+@pytest.mark.parametrize("name", SPECIFICATION)
+def test_specification_examples_run_on_array_api_strict_and_numpy(name):
+    """The examples of the specification import array-api-strict (and run on NumPy too)."""
+    import doctest
+
+    from _doctest import NUMPY_IMPORT, STRICT_IMPORT
+
+    module = importlib.import_module(name)
+    for test in doctest.DocTestFinder().find(module, module.__name__):
+        source = "".join(e.source for e in test.examples)
+        if not test.examples or ("xp" not in source and "np." not in source):
+            continue
+        assert STRICT_IMPORT in source, f"{test.name}: write the example for array-api-strict"
+        assert NUMPY_IMPORT not in source and "import numpy" not in source, test.name
 
 
 PUBLIC = [n for n in relpos_ref.__all__ if not n.startswith("_")]

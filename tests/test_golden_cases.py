@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from relpos_ref import golden
 from relpos_ref.golden.dtypes import numpy_dtype, ulp
-from relpos_ref.golden.pipeline import golden_arrays, naive_arrays
+from relpos_ref.golden.pipeline import attention_of, golden_arrays, naive_arrays
 from relpos_ref.golden.tolerance import derive_tolerance
 
 DEFAULT = golden.default_cases()
@@ -207,10 +207,8 @@ def test_goldens_equal_the_loop_reference(case):
 def test_goldens_equal_the_public_attention_functions(case):
     inputs = case.inputs()
     got = golden_arrays(case, inputs)
-    for method in ("definition", "efficient") if case.spec.has_efficient(case.parameters) else (
-        "definition",
-    ):
-        out, weights = case.spec.attention(inputs, case.parameters, method)
+    for method in ("definition", "efficient") if case.entry.methods else ("definition",):
+        out, weights = attention_of(case, inputs, method=method)
         np.testing.assert_allclose(got["output"], out, rtol=0, atol=1e-13)
         np.testing.assert_allclose(got["weights"], weights, rtol=0, atol=1e-13)
 
@@ -241,13 +239,13 @@ def test_goldens_agree_across_backends(name):
     reason = adapter.unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    from relpos_ref.golden.suite import _backend, _goldens
+    from relpos_ref.golden.suite import golden_backend, goldens_on
 
-    be = _backend(name)
+    be = golden_backend(name)
     for case in FLOAT64:
         inputs = case.inputs()
         want = golden_arrays(case, inputs)
-        got = _goldens(case, inputs, be)
+        got = goldens_on(case, inputs, be)
         assert got.keys() == want.keys()
         for key, a in want.items():
             if a.dtype.kind in "bi":

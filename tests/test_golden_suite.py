@@ -180,7 +180,7 @@ def test_unwritable_location_is_one_clear_error(tmp_path):
 
 @pytest.mark.parametrize("existing", [False, True])
 def test_interrupted_generation_leaves_nothing_behind(existing, suite_copy, monkeypatch):
-    from relpos_ref.golden import suite as suite_module
+    from relpos_ref.golden import build as suite_module
 
     target = suite_copy if existing else suite_copy.parent / "fresh"
     before = {p.name: p.read_bytes() for p in suite_copy.iterdir()}

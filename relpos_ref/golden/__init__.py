@@ -12,12 +12,11 @@ same steps are available here:
 
 from __future__ import annotations
 
-from .cases import Case, CaseRegistry, default_cases
+from .cases import SCHEMES, Case, CaseRegistry, default_cases
 from .compare import ArrayResult, ObtainedError
 from .dtypes import FLOAT_DTYPES
 from .fileformat import FORMATS, CorruptFileError
 from .manifest import FORMAT_VERSION, ManifestError, schema_path
-from .schemes import SCHEMES, SchemeSpec
 from .suite import (
     GOLDEN_BACKENDS,
     CheckReport,
@@ -49,7 +48,6 @@ __all__ = [
     "GoldenCase",
     "ManifestError",
     "ObtainedError",
-    "SchemeSpec",
     "Suite",
     "SuiteError",
     "VerifyReport",

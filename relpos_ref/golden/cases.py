@@ -15,16 +15,58 @@ from typing import Any
 
 import numpy as np
 
+from .. import catalog
 from .dtypes import FLOAT_DTYPES, numpy_dtype
-from .schemes import COMMON_DEFAULTS, SCHEMES, SchemeSpec
 
-__all__ = ["Case", "CaseRegistry", "default_cases", "select_ids"]
+__all__ = ["COMMON_DEFAULTS", "SCHEMES", "Case", "CaseRegistry", "default_cases", "select_ids"]
+
+#: The schemes the golden suite knows: every scheme of `relpos_ref.catalog`.
+SCHEMES = tuple(catalog.names())
+
+#: Parameters every case has, with their defaults; ``None`` is the scheme's default
+#: (`relpos_ref.catalog.Scheme.defaults`), resolved when the case is made.
+COMMON_DEFAULTS: Mapping[str, Any] = {
+    "b": 1,  # batch
+    "h": 1,  # heads
+    "t_q": 1,
+    "t_k": 1,
+    "d": 8,  # width of q, k and v
+    "causal": None,
+    "q_offset": None,
+    "masked": False,  # a random mask with fully masked rows
+    "scale": None,
+    "per_head": False,  # tables (h, n, ...) instead of shared (n, ...)
+}
 
 _VARIANT = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
-_POSITIVE = (
-    "b", "h", "t_q", "t_k", "d", "K", "M", "t_max", "height", "width", "buckets", "max_distance",
-    "d_model", "span", "max_position",
-)
+
+
+def scheme_defaults(entry: catalog.Scheme) -> dict[str, Any]:
+    """A scheme's own case parameters and their defaults, from the catalog.
+
+    Its sizes (by `Size.key`), its options that cases record (unless named
+    like a size), and a switch per optional table.
+
+    Examples
+    --------
+    >>> scheme_defaults(catalog.get("shaw"))
+    {'K': 4, 'beyond': 'clip', 'values': True}
+    """
+    out: dict[str, Any] = {s.key: s.default for s in entry.sizes}
+    size_names = {s.name for s in entry.sizes}
+    defaults = entry.option_defaults()
+    for option in entry.options:
+        if option.case_parameter and option.name not in size_names:
+            out[option.name] = defaults[option.name]
+    for table in entry.tables:
+        if table.switch is not None:
+            out[table.switch] = table.switch_default
+    return out
+
+
+def _positive_names(entry: catalog.Scheme) -> tuple[str, ...]:
+    sizes = tuple(s.key for s in entry.sizes)
+    return ("b", "h", "t_q", "t_k", "d", *sizes, *(o.name for o in entry.options if o.positive))
 
 
 @dataclass(frozen=True)
@@ -34,7 +76,7 @@ class Case:
     Attributes
     ----------
     scheme : str
-        A name in `relpos_ref.golden.schemes.SCHEMES`.
+        A scheme of `relpos_ref.catalog` (`SCHEMES`).
     variant : str
         Lower-case words joined by ``-`` naming what the case exercises.
     params : tuple of (name, value)
@@ -65,6 +107,7 @@ class Case:
         if scheme not in SCHEMES:
             msg = f"unknown scheme {scheme!r}; known schemes: {', '.join(sorted(SCHEMES))}"
             raise ValueError(msg)
+        entry = catalog.get(scheme)
         if not isinstance(variant, str) or not _VARIANT.match(variant):
             msg = f"`variant` must be lower-case words joined by '-', got {variant!r}"
             raise ValueError(msg)
@@ -74,8 +117,7 @@ class Case:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             msg = f"`seed` must be an integer >= 0, got {seed!r}"
             raise ValueError(msg)
-        spec = SCHEMES[scheme]
-        full = {**COMMON_DEFAULTS, **spec.defaults}
+        full = {**COMMON_DEFAULTS, **scheme_defaults(entry)}
         unknown = sorted(set(params) - set(full))
         if unknown:
             msg = (
@@ -84,14 +126,14 @@ class Case:
             )
             raise ValueError(msg)
         full.update(params)
-        full.update(spec.derive(full))
-        for name in _POSITIVE:
+        for name in _positive_names(entry):
             value = full.get(name)
             if name in full and value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 1
             ):
                 msg = f"`{name}` must be an integer >= 1, got {value!r}"
                 raise ValueError(msg)
+        _resolve_defaults(entry, full)
         return cls(scheme, variant, tuple(sorted(full.items())), dtype, seed)
 
     @property
@@ -100,15 +142,15 @@ class Case:
         return dict(self.params)
 
     @property
-    def spec(self) -> SchemeSpec:
-        """The scheme's `SchemeSpec`."""
-        return SCHEMES[self.scheme]
+    def entry(self) -> catalog.Scheme:
+        """The scheme's entry in `relpos_ref.catalog`."""
+        return catalog.get(self.scheme)
 
     @property
     def id(self) -> str:
         """``scheme/variant/shape/dtype/seed``."""
         p = self.parameters
-        shape = f"b{p['b']}-h{p['h']}-q{p['t_q']}-k{p['t_k']}-d{p['d']}-{self.spec.label(p)}"
+        shape = f"b{p['b']}-h{p['h']}-q{p['t_q']}-k{p['t_k']}-d{p['d']}-{self.entry.label(p)}"
         return f"{self.scheme}/{self.variant}/{shape}/{self.dtype}/s{self.seed}"
 
     @property
@@ -124,7 +166,7 @@ class Case:
             "q": (*lead, p["t_q"], p["d"]),
             "k": (*lead, p["t_k"], p["d"]),
             "v": (*lead, p["t_k"], p["d"]),
-            **self.spec.tables(p),
+            **_table_shapes(self.entry, p),
         }
 
     def inputs(self) -> dict[str, np.ndarray]:
@@ -151,6 +193,25 @@ class Case:
                 mask[p["t_q"] // 2] = False
             out["mask"] = mask
         return out
+
+
+def _table_shapes(entry: catalog.Scheme, p: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    sizes = {**entry.sizes_from(p), "d": p["d"]}
+    return entry.table_shapes(
+        sizes, d=p["d"], d_v=p["d"], heads=p["h"] if p["per_head"] else None, include=p
+    )
+
+
+def _resolve_defaults(entry: catalog.Scheme, p: dict[str, Any]) -> None:
+    # A grid's lengths from its sizes; then None -> the scheme's causal, q_offset, scale.
+    if entry.grid is not None:
+        p["t_q"] = p["t_k"] = entry.grid(entry.sizes_from(p))
+    defaults = entry.defaults
+    p["causal"] = defaults.resolve_causal(p["causal"])
+    p["q_offset"] = defaults.resolve_q_offset(p["q_offset"], p["t_q"], p["t_k"])
+    if p["scale"] is None:
+        present = dict.fromkeys(_table_shapes(entry, p), True)
+        p["scale"] = entry.scale(p["d"], present)
 
 
 def select_ids(ids: Sequence[str], patterns: Sequence[str], *, hint: str) -> set[str]:

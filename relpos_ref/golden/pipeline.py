@@ -26,17 +26,18 @@ tolerances (`relpos_ref.golden.tolerance`).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from .._xp import device
-from ..attention import allowed_keys, compose_logits, default_scale, masked_softmax
+from ..attention import allowed_keys, compose_logits, masked_softmax
 from .cases import Case
 from .dtypes import SIXTEEN_BIT, numpy_dtype
 
-__all__ = ["FLOAT_STAGES", "evaluate", "golden_arrays", "naive_arrays"]
+__all__ = ["FLOAT_STAGES", "attention_of", "evaluate", "golden_arrays", "naive_arrays"]
 
 #: The float intermediates and results every scheme may have, in pipeline order.
 FLOAT_STAGES = ("q_rotated", "k_rotated", "position", "bias", "logits", "weights", "output")
@@ -73,37 +74,66 @@ def evaluate(
         Integer intermediates, then `FLOAT_STAGES` that the scheme has.
     """
     p = case.parameters
-    spec = case.spec
-    out = {name: x for name, x in spec.terms(xp, arrays, p, method).items() if x is not None}
-    for name, x in out.items():
-        if xp.isdtype(x.dtype, "real floating"):
-            out[name] = store(x)
-    q = out.get("q_rotated", arrays["q"])
-    k = out.get("k_rotated", arrays["k"])
-    v = arrays["v"]
+    entry = case.entry
+    tables = {t.name: arrays[t.name] for t in entry.tables if t.name in arrays}
+    call, options = entry.check_call(
+        arrays["q"], arrays["k"], arrays["v"], tables, scale=p["scale"],
+        mask=arrays.get("mask"), causal=p["causal"], q_offset=p["q_offset"],
+        options=entry.options_from(p),
+    )
+    out = entry.indices(
+        xp, device(arrays["q"]), t_q=p["t_q"], t_k=p["t_k"], q_offset=call.q_offset,
+        sizes=entry.sizes_from(p), options=options,
+    )
+    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+    if entry.rotate is not None:
+        q, k = (store(x) for x in entry.rotate(q, k, q_offset=call.q_offset, options=options))
+        out["q_rotated"], out["k_rotated"] = q, k
+    terms = entry.terms(q, k, tables, q_offset=call.q_offset, i0=0, j0=0, options=options,
+                        method=method)
+    for name, term in zip(("position", "bias"), terms, strict=True):
+        if term is not None:
+            out[name] = store(term)
     matmul = xp.matmul if matmul is None else matmul
     content = matmul(q, xp.matrix_transpose(k))
-    scale = default_scale(p["d"], p["scale"])
     out["logits"] = store(
-        compose_logits(content, scale=scale, position=out.get("position"), bias=out.get("bias"))
+        compose_logits(content, scale=call.scale, position=out.get("position"),
+                       bias=out.get("bias"))
     )
     allowed = allowed_keys(
-        p["t_q"],
-        p["t_k"],
-        mask=arrays.get("mask"),
-        causal=p["causal"],
-        q_offset=p["q_offset"],
-        xp=xp,
-        device=device(q),
+        p["t_q"], p["t_k"], mask=arrays.get("mask"), causal=call.causal,
+        q_offset=call.q_offset, xp=xp, device=device(q),
     )
     out["weights"] = store(masked_softmax(out["logits"], allowed=allowed))
     output = matmul(out["weights"], v)
-    if spec.values is not None:
-        extra = spec.values(out["weights"], arrays, p, method)
+    if entry.values is not None:
+        extra = entry.values(out["weights"], tables, q_offset=call.q_offset, options=options,
+                             method=method)
         if extra is not None:
             output = output + extra
     out["output"] = store(output)
     return out
+
+
+def attention_of(case: Case, arrays: Mapping[str, Any], *, method: str) -> tuple[Any, Any]:
+    """``(output, weights)`` of the scheme's public ``*_attention`` on the case's arrays.
+
+    The call a user's own code makes: the tables positionally, the case's
+    options, scale, causality and offset as keywords.
+    """
+    import relpos_ref
+
+    p = case.parameters
+    entry = case.entry
+    tables = {t.name: arrays[t.name] for t in entry.tables if t.name in arrays}
+    function = getattr(relpos_ref, f"{entry.name}_attention")
+    accepts = inspect.signature(function).parameters
+    kwargs = {"scale": p["scale"], "mask": arrays.get("mask"), "return_weights": True,
+              **entry.options_from(p)}
+    kwargs.update({name: p[name] for name in ("causal", "q_offset") if name in accepts})
+    if entry.methods:
+        kwargs["method"] = method
+    return function(arrays["q"], arrays["k"], arrays["v"], *entry.table_args(tables), **kwargs)
 
 
 def golden_arrays(
@@ -149,8 +179,8 @@ def elementwise_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def naive_method(case: Case) -> str:
-    """``"efficient"`` where the scheme has that path for these parameters."""
-    return "efficient" if case.spec.has_efficient(case.parameters) else "definition"
+    """``"efficient"`` where the scheme has that path."""
+    return "efficient" if case.entry.methods else "definition"
 
 
 def naive_arrays(case: Case, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

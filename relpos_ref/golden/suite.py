@@ -1,45 +1,43 @@
-"""Generating, verifying and checking a golden suite on disk.
+"""Reading, verifying and checking a golden suite on disk.
 
-A suite is a directory with one file per case (named after the case id, ``/``
-written as ``__``), ``manifest.json`` and ``manifest.schema.json``. It is
-written atomically: everything goes to a temporary sibling directory that is
-renamed into place only when complete, so an interrupted run leaves the
-previous state untouched.
+`relpos_ref.golden.build` writes a suite; this module reads it back
+(`load_suite`, `Suite`, `GoldenCase`), verifies it against its hashes and a
+recomputation (`verify`) and compares a user's results with it (`check`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import platform
-import shutil
-import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .. import __version__
-from ..attention import default_scale
+from .build import (
+    GOLDEN_BACKENDS,
+    GenerateResult,
+    GoldenBackend,
+    SuiteError,
+    generate,
+    golden_backend,
+    goldens_on,
+    suite_files,
+)
 from .cases import Case, select_ids
 from .compare import ArrayResult, ObtainedError, compare_arrays
-from .dtypes import dtype_name, ulp
-from .fileformat import EXTENSIONS, FORMATS, CorruptFileError, array_sha256, dumps, load
+from .dtypes import ulp
+from .fileformat import CorruptFileError, array_sha256, load
 from .manifest import (
-    FORMAT_VERSION,
     MANIFEST,
     SCHEMA,
     ManifestError,
     parse,
-    render,
     schema_path,
 )
-from .pipeline import golden_arrays, naive_arrays, naive_method
 from .progress import Progress
-from .tolerance import RULE, derive_tolerance
 
 __all__ = [
     "GOLDEN_BACKENDS",
@@ -55,284 +53,8 @@ __all__ = [
     "verify",
 ]
 
-GOLDEN_BACKENDS = ("numpy", "torch", "jax", "cupy")
 #: Recomputed float64 goldens must agree within this many float64 ulps of max|golden|.
 RECOMPUTE_ULPS = 64
-NAIVE_PIPELINE = (
-    "NumPy; method='efficient' where the scheme has it; q k^T and w v as elementwise "
-    "products summed with numpy.sum; every stage (position, bias, "
-    "logits, weights, output) stored in the dtype under test; float32/float64 computed in "
-    "that dtype, float16/bfloat16 computed in float32 and rounded to 16 bits after each stage"
-)
-
-
-class SuiteError(ValueError):
-    """A problem with a suite directory or a request on it, said in one line."""
-
-
-# -- computing one case -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Backend:
-    name: str
-    namespace: Any = None
-    from_numpy: Callable[[np.ndarray], Any] | None = None
-    to_numpy: Callable[[Any], np.ndarray] | None = None
-    version: str | None = None
-
-
-def _backend(name: str) -> _Backend:
-    if name not in GOLDEN_BACKENDS:
-        msg = f"`backend` must be one of {', '.join(GOLDEN_BACKENDS)}, got {name!r}"
-        raise SuiteError(msg)
-    if name == "numpy":
-        return _Backend("numpy")
-    from .. import backends
-
-    adapter = backends.get(name)
-    reason = adapter.unavailable_reason()
-    if reason is not None:
-        msg = f"backend {name!r} cannot run here: {reason}"
-        raise SuiteError(msg)
-    if name == "jax":  # goldens are float64
-        import jax
-
-        jax.config.update("jax_enable_x64", True)
-    return _Backend(
-        name,
-        adapter.namespace(),
-        adapter.from_numpy,
-        adapter.to_numpy,
-        metadata.version({"torch": "torch", "jax": "jax", "cupy": _cupy_dist()}[name]),
-    )
-
-
-def _cupy_dist() -> str:
-    for dist in ("cupy", "cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x"):
-        try:
-            metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-        return dist
-    return "cupy"
-
-
-def _goldens(case: Case, inputs: Mapping[str, np.ndarray], backend: _Backend) -> dict:
-    return golden_arrays(
-        case,
-        inputs,
-        namespace=backend.namespace,
-        from_numpy=backend.from_numpy,
-        to_numpy=backend.to_numpy,
-    )
-
-
-def build_case(case: Case, *, fmt: str, backend: _Backend) -> tuple[bytes, dict[str, Any]]:
-    """Compute `case`: the bytes of its file and its manifest entry."""
-    inputs = case.inputs()
-    goldens = _goldens(case, inputs, backend)
-    naive = naive_arrays(case, inputs)
-    arrays: dict[str, np.ndarray] = {}
-    described: dict[str, Any] = {}
-    for name, a in inputs.items():
-        arrays[name] = a
-        described[name] = {"role": "input"}
-    for name, a in goldens.items():
-        arrays[name] = a
-        if a.dtype.kind == "f":
-            tol = derive_tolerance(a, naive[name], case.dtype)
-            described[name] = {"role": "golden", "tolerance": tol}
-        else:
-            described[name] = {"role": "index"}
-    for name, a in arrays.items():
-        described[name].update(
-            dtype=dtype_name(a.dtype), shape=[int(s) for s in a.shape], sha256=array_sha256(a)
-        )
-    data = dumps(arrays, fmt)
-    p = case.parameters
-    entry = {
-        "id": case.id,
-        "scheme": case.scheme,
-        "variant": case.variant,
-        "params": p,
-        "scale": default_scale(p["d"], p["scale"]),
-        "dtype": case.dtype,
-        "seed": case.seed,
-        "naive_method": naive_method(case),
-        "file": case.file_stem + EXTENSIONS[fmt],
-        "file_sha256": hashlib.sha256(data).hexdigest(),
-        "arrays": described,
-    }
-    return data, entry
-
-
-def _generator(backend: _Backend) -> dict[str, Any]:
-    libraries = {}
-    for dist in ("numpy", "array-api-compat", "ml_dtypes"):
-        try:
-            libraries[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            libraries[dist] = "not installed"
-    if backend.version is not None:
-        libraries[backend.name] = backend.version
-    return {
-        "name": "relpos-ref",
-        "version": __version__,
-        "backend": backend.name,
-        "python": platform.python_version(),
-        "libraries": libraries,
-    }
-
-
-# -- generate -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GenerateResult:
-    """What `generate` did: ``status`` is ``"written"``, ``"replaced"`` or ``"unchanged"``."""
-
-    path: Path
-    cases: int
-    bytes: int
-    status: str
-
-
-def _files(root: Path) -> dict[str, Path]:
-    return {
-        p.relative_to(root).as_posix(): p
-        for p in sorted(root.rglob("*"))
-        if p.is_file() or p.is_symlink()
-    }
-
-
-def _same_tree(a: Path, b: Path) -> bool:
-    fa, fb = _files(a), _files(b)
-    return fa.keys() == fb.keys() and all(
-        fa[n].read_bytes() == fb[n].read_bytes() for n in fa
-    )
-
-
-def generate(
-    out: str | os.PathLike[str],
-    cases: Sequence[Case],
-    *,
-    fmt: str = "safetensors",
-    backend: str = "numpy",
-    force: bool = False,
-    progress: Progress | None = None,
-) -> GenerateResult:
-    """Write `cases` as a suite in directory `out`, atomically.
-
-    Parameters
-    ----------
-    out : path
-        The suite directory. If it exists and holds something other than
-        this exact suite, it is replaced only with ``force=True``.
-    cases : sequence of Case
-        What to generate; duplicate ids are refused.
-    fmt : {"safetensors", "npz"}
-    backend : {"numpy", "torch", "jax", "cupy"}
-        Where the float64 goldens are computed (the naive pipeline is NumPy).
-    force : bool
-        Replace a different existing suite.
-    progress : Progress, optional
-
-    Returns
-    -------
-    GenerateResult
-    """
-    if fmt not in FORMATS:
-        msg = f"`format` must be one of {', '.join(FORMATS)}, got {fmt!r}"
-        raise SuiteError(msg)
-    ids = [c.id for c in cases]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        msg = f"duplicate case id {dup!r}"
-        raise SuiteError(msg)
-    if not cases:
-        msg = "no case to generate"
-        raise SuiteError(msg)
-    be = _backend(backend)
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        msg = f"{out} exists and is not a directory; choose another --out"
-        raise SuiteError(msg)
-    parent = out.absolute().parent
-    if not parent.is_dir():
-        msg = f"cannot write {out}: its parent directory {parent} does not exist"
-        raise SuiteError(msg)
-    existing = out.is_dir() and any(out.iterdir())
-    if existing and not force and not (out / MANIFEST).is_file():
-        msg = (
-            f"{out} is not empty and holds no golden suite; choose another --out "
-            "or pass --force to replace its contents"
-        )
-        raise SuiteError(msg)
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
-    except OSError as exc:
-        msg = f"cannot write to {parent} ({exc.strerror}); choose another --out"
-        raise SuiteError(msg) from None
-    try:
-        entries = []
-        total = 0
-        bar = progress or Progress(len(cases), "generate", enabled=False)
-        with bar:
-            for case in cases:
-                try:
-                    data, entry = build_case(case, fmt=fmt, backend=be)
-                except (ValueError, TypeError) as exc:
-                    msg = f"case {case.id}: {exc}"
-                    raise SuiteError(msg) from exc
-                (tmp / entry["file"]).write_bytes(data)
-                total += len(data)
-                entries.append(entry)
-                bar.advance(case.id)
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "format": fmt,
-            "generator": _generator(be),
-            "tolerance_rule": RULE,
-            "naive_pipeline": NAIVE_PIPELINE,
-            "cases": entries,
-        }
-        data = render(manifest)
-        (tmp / MANIFEST).write_bytes(data)
-        shutil.copyfile(schema_path(), tmp / SCHEMA)
-        total += len(data) + (tmp / SCHEMA).stat().st_size
-        status = _install(tmp, out, existing=existing, force=force)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return GenerateResult(out, len(entries), total, status)
-
-
-def _install(tmp: Path, out: Path, *, existing: bool, force: bool) -> str:
-    """Move the finished suite `tmp` to `out`; never leaves `out` half-written."""
-    if existing and _same_tree(tmp, out):
-        return "unchanged"
-    if existing and not force:
-        msg = (
-            f"{out} already holds a different golden suite; pass --force to replace it, "
-            "or choose another --out"
-        )
-        raise SuiteError(msg)
-    if out.is_dir() and not existing:
-        out.rmdir()
-    if not existing:
-        tmp.rename(out)
-        return "written"
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.absolute().parent))
-    old.rmdir()
-    out.rename(old)
-    try:
-        tmp.rename(out)
-    except BaseException:
-        old.rename(out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-    return "replaced"
 
 
 # -- reading a suite ----------------------------------------------------------
@@ -494,9 +216,9 @@ def verify(
     """
     suite = load_suite(path)
     report = VerifyReport(suite.path)
-    be = _backend(backend)
+    be = golden_backend(backend)
     expected = {MANIFEST, SCHEMA} | {e["file"] for e in suite.cases.values()}
-    present = set(_files(suite.path))
+    present = set(suite_files(suite.path))
     report.problems += [f"missing file: {n}" for n in sorted(expected - present)]
     report.problems += [f"unexpected file: {n}" for n in sorted(present - expected)]
     if SCHEMA in present and (suite.path / SCHEMA).read_bytes() != schema_path().read_bytes():
@@ -512,7 +234,7 @@ def verify(
 
 
 def _verify_case(
-    suite: Suite, entry: dict[str, Any], be: _Backend, report: VerifyReport
+    suite: Suite, entry: dict[str, Any], be: GoldenBackend, report: VerifyReport
 ) -> list[str]:
     cid = entry["id"]
     fpath = suite.path / entry["file"]
@@ -544,7 +266,9 @@ def _verify_case(
     return _recompute(entry, stored, be)
 
 
-def _recompute(entry: dict[str, Any], stored: dict[str, np.ndarray], be: _Backend) -> list[str]:
+def _recompute(
+    entry: dict[str, Any], stored: dict[str, np.ndarray], be: GoldenBackend
+) -> list[str]:
     cid = entry["id"]
     try:
         case = Case.make(
@@ -562,7 +286,7 @@ def _recompute(entry: dict[str, Any], stored: dict[str, np.ndarray], be: _Backen
             problems.append(f"{cid}: input `{name}` differs from its regeneration from the seed")
     if problems:
         return problems
-    fresh = _goldens(case, inputs, be)
+    fresh = goldens_on(case, inputs, be)
     for name, a in fresh.items():
         info = entry["arrays"].get(name)
         if info is None:

@@ -1,9 +1,16 @@
 """The schemes: one module each, every one built on the same conventions.
 
-Each scheme has ``<scheme>_logits`` (the positional term, before it is
-combined with the content term) and ``<scheme>_attention``; schemes with a
+This package is the specification: array-API code only, no library-specific
+branch. Each scheme module reads top to bottom as the math (its docstring),
+the index and term functions (``<scheme>_index``, ``<scheme>_logits`` or
+``_bias``, ``<scheme>_values``), the validation of a call (``<scheme>_call``,
+which the kernels share) and ``<scheme>_attention``; ``DEFAULTS`` records what
+``None`` means for ``scale``, ``causal`` and ``q_offset``. Schemes with a
 memory-efficient algorithm take ``method="efficient"`` (default) or
 ``method="definition"`` (the gather definition).
+
+The functions here are the specification itself; ``relpos_ref.<name>`` is the
+same function behind the dispatcher of `relpos_ref.kernels`.
 """
 
 from __future__ import annotations
@@ -17,8 +24,9 @@ from .deberta import (
     deberta_bucket_boundaries,
     deberta_index,
     deberta_logits,
+    deberta_rows,
 )
-from .general import general_attention, general_index, general_logits
+from .general import general_attention, general_index, general_logits, general_window
 from .grid2d import grid2d_attention, grid2d_index, grid2d_logits
 from .music import music_attention, music_index, music_logits, music_values
 from .rope import rope_attention, rope_frequencies, rope_rotate
@@ -30,6 +38,7 @@ from .transformer_xl import (
     transformer_xl_distance,
     transformer_xl_embedding,
     transformer_xl_logits,
+    transformer_xl_rows,
 )
 
 __all__ = [
@@ -46,9 +55,11 @@ __all__ = [
     "deberta_bucket_boundaries",
     "deberta_index",
     "deberta_logits",
+    "deberta_rows",
     "general_attention",
     "general_index",
     "general_logits",
+    "general_window",
     "grid2d_attention",
     "grid2d_index",
     "grid2d_logits",
@@ -74,4 +85,5 @@ __all__ = [
     "transformer_xl_distance",
     "transformer_xl_embedding",
     "transformer_xl_logits",
+    "transformer_xl_rows",
 ]

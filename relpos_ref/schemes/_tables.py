@@ -7,17 +7,18 @@ A table holds one row per distance: ``(n, d)`` shared by every head, or
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from .. import _xp
-from ..layouts import _numpy_clipped_bins, _numpy_distance_view, to_relative
+from .._validate import broadcast_shapes
+from ..layouts import to_relative
 from ..positions import relative_positions
 
 __all__ = [
     "METHODS",
     "check_method",
     "check_table",
+    "check_value_table",
     "check_value_width",
     "contract_rows",
     "count_reached",
@@ -170,11 +171,6 @@ def distance_bins(
     ``sum_j w_ij table[row(r_ij)]`` without a ``(t_q, t_k, d)`` tensor.
     """
     xp = _xp.array_namespace(weights)
-    if clip and clip_future:
-        # NumPy: no (t_q, t_k) mask or index (a strided band and blocked row sums).
-        fast = _numpy_clipped_bins(weights, low=low, high=high, q_offset=q_offset)
-        if fast is not None:
-            return fast
     *batch, t_q, t_k = weights.shape
     n = high - low + 1
     bins = to_relative(weights, n, offset=-low, q_offset=q_offset)
@@ -208,6 +204,19 @@ def count_reached(a: Any, edges: tuple[int, ...]) -> Any:
     return xp.reshape(xp.astype(found, a.dtype), a.shape)
 
 
+def check_value_table(name: str, table: Any, weights: Any) -> None:
+    """Validate a relative value table against attention weights ``(..., t_q, t_k)``.
+
+    The table is ``(n, d_v)`` or ``(h, n, d_v)``, floating and of the weights'
+    dtype; per-head tables broadcast with the weights' leading axes (a mask
+    may have widened them beyond ``q``'s).
+    """
+    heads = check_table(name, table, None)
+    _xp.check_same_dtype(weights=weights, **{name: table})
+    if heads is not None:
+        broadcast_shapes(weights=tuple(weights.shape[:-2]), **{name: (heads,)})
+
+
 def check_value_width(value_table: Any, v: Any) -> None:
     """Raise a `ValueError` unless a relative value table is as wide as ``v`` (``d_v``)."""
     if value_table is not None and value_table.shape[-1] != v.shape[-1]:
@@ -223,60 +232,3 @@ def gather_valid_rows(table: Any, index: Any, valid: Any) -> Any:
     xp = _xp.array_namespace(table, index, valid)
     zero = xp.zeros((), dtype=table.dtype, device=_xp.device(table))
     return xp.where(valid[..., None], gather_rows(table, index), zero)
-
-
-def bias_by_distance(
-    bias_of_grid: Callable[[int, int, int], Any], like: Any, t_q: int, t_k: int, q_offset: int
-) -> Any:
-    """A scalar bias that depends on the distance alone, laid out for attention.
-
-    `bias_of_grid(t_q, t_k, q_offset)` is the scheme's public bias function
-    (``(..., t_q, t_k)``). On NumPy it is evaluated once, on the single row
-    of the grid's ``t_q + t_k - 1`` distances (one query whose offset makes
-    them run from the smallest to the largest), and laid out as a read-only
-    Toeplitz view: no ``(h, t_q, t_k)`` array. Equal to the full evaluation
-    entry for entry, since every entry is the same function of the same
-    distance. Other libraries get the full evaluation.
-    """
-    if _xp.all_numpy(like) and t_q > 0 and t_k > 0:
-        r_min = -(t_q - 1) - q_offset
-        row = bias_of_grid(1, t_q + t_k - 1, -r_min)
-        return _numpy_distance_view(row[..., 0, :], t_q, t_k)
-    return bias_of_grid(t_q, t_k, q_offset)
-
-
-def numpy_block_logits(q: Any, table: Any, t_k: int, *, q_offset: int, low: int) -> Callable:
-    """``rows(a, b)``: ``P[..., i, j] = q_i . table[r_ij - low]`` for rows ``a .. b - 1``.
-
-    NumPy only. `table` (``(n, d)`` or ``(h, n, d)``) holds one row per
-    distance, row ``c`` for ``r = low + c``, and must reach every distance
-    of the grid (the caller checks). This is the library-native form beside
-    `stacked_diagonals` of the full ``q table^T`` (``t_q x n``, twice the
-    work of ``q k^T`` when ``n = 2t - 1``): a block of ``B`` query rows needs
-    only the ``t_k + B - 1`` table rows its distances reach, so one
-    ``B x (t_k + B - 1)`` product per block does it (one GEMM for every head
-    when the table is shared), and row ``i'`` of the block reads that product
-    from column ``B - 1 - i'`` on (a strided view). Equal to the standard
-    form up to the rounding of the products.
-    """
-    import numpy as np
-
-    def rows(a: int, b: int) -> Any:
-        n = b - a
-        first = -(b - 1) - q_offset - low  # the table row of (i, j) = (b - 1, 0)
-        window = table[..., first : first + t_k + n - 1, :]
-        block = q[..., a:b, :]
-        if window.ndim == 2:  # a shared table: one GEMM for every head (faster than one each)
-            flat = np.reshape(block, (-1, block.shape[-1])) @ window.T
-            logits = np.reshape(flat, (*block.shape[:-1], window.shape[0]))
-        else:
-            logits = np.matmul(block, np.swapaxes(window, -1, -2))  # (..., n, t_k + n - 1)
-        step_row, step_col = logits.strides[-2:]
-        return np.lib.stride_tricks.as_strided(
-            logits[..., n - 1 :],
-            shape=(*logits.shape[:-1], t_k),
-            strides=(*logits.strides[:-2], step_row - step_col, step_col),
-            writeable=False,
-        )
-
-    return rows

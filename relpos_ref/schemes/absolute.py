@@ -8,13 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _xp
 from .._validate import nonnegative_int
 from ..attention import attention
+from ..calls import PLAIN, Call, resolve_call
 from ..positions import relative_positions
 from ._tables import check_table, table_logits
 
-__all__ = ["absolute_attention", "absolute_index", "absolute_logits"]
+__all__ = [
+    "DEFAULTS",
+    "absolute_attention",
+    "absolute_call",
+    "absolute_index",
+    "absolute_logits",
+]
+
+#: Absolute embeddings' defaults: ``scale = 1/sqrt(d)``, not causal, start-aligned queries.
+DEFAULTS = PLAIN
 
 
 def absolute_index(t_q: int, t_k: int, /, *, xp: Any, device: Any = None) -> Any:
@@ -36,10 +45,10 @@ def absolute_index(t_q: int, t_k: int, /, *, xp: Any, device: Any = None) -> Any
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> absolute_index(2, 3, xp=xp)
-    array([[0, 1, 2],
-           [0, 1, 2]])
+    Array([[0, 1, 2],
+           [0, 1, 2]], dtype=array_api_strict.int64)
     """
     r = relative_positions(t_q, t_k, xp=xp, device=device)
     return r + xp.arange(t_q, dtype=r.dtype, device=device)[:, None]
@@ -62,20 +71,54 @@ def absolute_logits(q: Any, table: Any, /, t_k: int) -> Any:
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> q = xp.asarray([[1.0, 0.0], [0.0, 1.0]])
     >>> R = xp.asarray([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
     >>> absolute_logits(q, R, 3)
-    array([[1., 3., 5.],
-           [2., 4., 6.]])
+    Array([[1., 3., 5.],
+           [2., 4., 6.]], dtype=array_api_strict.float64)
     """
     t_k = nonnegative_int("t_k", t_k)
+    _check_positions(q, table, t_k)
+    return table_logits(q, table[..., :t_k, :])
+
+
+def _check_positions(q: Any, table: Any, t_k: int) -> None:
     check_table("table", table, q, width=q.shape[-1])
     t_max = table.shape[-2]
     if t_k > t_max:
         msg = f"`t_k` = {t_k} exceeds the table's {t_max} positions (shape {tuple(table.shape)})"
         raise ValueError(msg)
-    return table_logits(q, table[..., :t_k, :])
+
+
+def absolute_call(
+    q: Any,
+    k: Any,
+    v: Any,
+    table: Any,
+    /,
+    *,
+    scale: float | None,
+    mask: Any,
+    causal: bool | None,
+    q_offset: int | None,
+) -> Call:
+    """Validate an `absolute_attention` call and resolve its defaults (shared with the kernels).
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.zeros((3, 2))
+    >>> absolute_call(q, k, v, xp.zeros((4, 2)), scale=None, mask=None, causal=None,
+    ...               q_offset=None).t_k
+    3
+    """
+    call = resolve_call(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
+        tables=(table,),
+    )
+    _check_positions(q, table, call.t_k)
+    return call
 
 
 def absolute_attention(
@@ -87,8 +130,8 @@ def absolute_attention(
     *,
     scale: float | None = None,
     mask: Any = None,
-    causal: bool = False,
-    q_offset: int = 0,
+    causal: bool | None = None,
+    q_offset: int | None = None,
     return_weights: bool = False,
 ) -> Any:
     r"""Attention with an absolute key-position term.
@@ -100,7 +143,7 @@ def absolute_attention(
     q, k, v : floating arrays ``(..., t_q, d)``, ``(..., t_k, d)``, ``(..., t_k, d_v)``
     table : floating array, shape ``(t_max, d)`` or ``(h, t_max, d)``
     scale, mask, causal, q_offset, return_weights
-        As in `relpos_ref.attention`.
+        As in `relpos_ref.attention` (defaults `DEFAULTS`).
 
     Returns
     -------
@@ -108,21 +151,16 @@ def absolute_attention(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> q = k = v = np.eye(2)
-    >>> absolute_attention(q, k, v, np.zeros((4, 2))).shape
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.eye(2)
+    >>> absolute_attention(q, k, v, xp.zeros((4, 2))).shape
     (2, 2)
     """
-    _xp.array_namespace(q, k, v, table)
-    position = absolute_logits(q, table, k.shape[-2])
+    call = absolute_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset
+    )
+    position = absolute_logits(q, table, call.t_k)
     return attention(
-        q,
-        k,
-        v,
-        scale=scale,
-        mask=mask,
-        causal=causal,
-        q_offset=q_offset,
-        position=position,
-        return_weights=return_weights,
+        q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
+        position=position, return_weights=return_weights,
     )

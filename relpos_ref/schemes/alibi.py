@@ -18,12 +18,15 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _xp
-from .._validate import nonnegative_int, positive_int
+from .._validate import broadcast_shapes, check_bool, nonnegative_int, positive_int
 from ..attention import attention
+from ..calls import PLAIN, Call, resolve_call
 from ..positions import relative_positions
-from ._tables import bias_by_distance
 
-__all__ = ["alibi_attention", "alibi_bias", "alibi_slopes"]
+__all__ = ["DEFAULTS", "alibi_attention", "alibi_bias", "alibi_call", "alibi_slopes"]
+
+#: ALiBi's defaults: ``scale = 1/sqrt(d)``, not causal, start-aligned queries.
+DEFAULTS = PLAIN
 
 
 def _power_of_two_slopes(n: int) -> list[float]:
@@ -83,10 +86,10 @@ def alibi_bias(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> alibi_bias(xp.asarray([0.5]), 2, 3)
-    array([[[-0. , -0.5, -1. ],
-            [-0.5, -0. , -0.5]]])
+    Array([[[-0. , -0.5, -1. ],
+            [-0.5, -0. , -0.5]]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(slopes)
     _xp.check_floating(xp, "slopes", slopes)
@@ -102,6 +105,57 @@ def alibi_bias(
     return slopes[:, None, None] * distance[None, :, :]
 
 
+def alibi_call(
+    q: Any,
+    k: Any,
+    v: Any,
+    /,
+    *,
+    slopes: Any,
+    symmetric: bool,
+    scale: float | None,
+    mask: Any,
+    causal: bool | None,
+    q_offset: int | None,
+) -> tuple[Call, Any]:
+    """Validate an `alibi_attention` call; return it and the slopes (shared with the kernels).
+
+    Without `slopes`, those of `alibi_slopes` for the ``q.shape[-3]`` heads,
+    in `q`'s dtype and on its device.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.zeros((2, 3, 4))
+    >>> _, slopes = alibi_call(q, k, v, slopes=None, symmetric=True, scale=None, mask=None,
+    ...                        causal=None, q_offset=None)
+    >>> slopes
+    Array([0.0625    , 0.00390625], dtype=array_api_strict.float64)
+    """
+    call = resolve_call(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
+        tables=(slopes,),
+    )
+    xp = call.xp
+    check_bool("symmetric", symmetric)
+    if slopes is None:
+        if q.ndim < 3:
+            msg = (
+                f"`q` must have a head axis at -3 to derive ALiBi slopes, got shape "
+                f"{tuple(q.shape)}; pass `slopes`"
+            )
+            raise ValueError(msg)
+        slopes = xp.asarray(alibi_slopes(q.shape[-3]), dtype=q.dtype, device=_xp.device(q))
+    else:
+        _xp.check_floating(xp, "slopes", slopes)
+        _xp.check_same_dtype(q=q, slopes=slopes)
+        if slopes.ndim != 1:
+            msg = f"`slopes` must have shape (h,), got shape {tuple(slopes.shape)}"
+            raise ValueError(msg)
+        broadcast_shapes(slopes=(slopes.shape[0], 1, 1), logits=(*call.batch, 1, 1))
+    return call, slopes
+
+
 def alibi_attention(
     q: Any,
     k: Any,
@@ -112,8 +166,8 @@ def alibi_attention(
     symmetric: bool = True,
     scale: float | None = None,
     mask: Any = None,
-    causal: bool = False,
-    q_offset: int = 0,
+    causal: bool | None = None,
+    q_offset: int | None = None,
     return_weights: bool = False,
 ) -> Any:
     r"""Attention with linear biases.
@@ -129,7 +183,7 @@ def alibi_attention(
     symmetric : bool, optional
         As in `alibi_bias`.
     scale, mask, causal, q_offset, return_weights
-        As in `relpos_ref.attention`.
+        As in `relpos_ref.attention` (defaults `DEFAULTS`).
 
     Returns
     -------
@@ -137,38 +191,18 @@ def alibi_attention(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> q = k = v = np.zeros((1, 3, 1))  # one head, slope 1/256
-    >>> w = alibi_attention(q, k, v, causal=True, return_weights=True)[1]
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.zeros((1, 3, 1))  # one head, slope 1/256
+    >>> _, w = alibi_attention(q, k, v, causal=True, return_weights=True)
     >>> bool(w[0, 2, 2] > w[0, 2, 1] > w[0, 2, 0])
     True
     """
-    xp = _xp.array_namespace(q, k, v, slopes)
-    if slopes is None:
-        if q.ndim < 3:
-            msg = (
-                f"`q` must have a head axis at -3 to derive ALiBi slopes, got shape "
-                f"{tuple(q.shape)}; pass `slopes`"
-            )
-            raise ValueError(msg)
-        slopes = xp.asarray(alibi_slopes(q.shape[-3]), dtype=q.dtype, device=_xp.device(q))
-    else:
-        _xp.check_same_dtype(q=q, slopes=slopes)
-    bias = bias_by_distance(
-        lambda t_q, t_k, offset: alibi_bias(slopes, t_q, t_k, q_offset=offset, symmetric=symmetric),
-        q,
-        q.shape[-2],
-        k.shape[-2],
-        q_offset,
-    )
-    return attention(
-        q,
-        k,
-        v,
-        scale=scale,
-        mask=mask,
-        causal=causal,
+    call, slopes = alibi_call(
+        q, k, v, slopes=slopes, symmetric=symmetric, scale=scale, mask=mask, causal=causal,
         q_offset=q_offset,
-        bias=bias,
-        return_weights=return_weights,
+    )
+    bias = alibi_bias(slopes, call.t_q, call.t_k, q_offset=call.q_offset, symmetric=symmetric)
+    return attention(
+        q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
+        bias=bias, return_weights=return_weights,
     )

@@ -11,12 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _xp
-from .._validate import nonnegative_int
+from .._validate import check_choice, nonnegative_int
 from ..attention import attention
-from ._tables import bias_by_distance, check_table, gather_scalars
+from ..calls import PLAIN, Call, resolve_call
+from ..positions import BEYOND_POLICIES
+from ._tables import check_table, gather_scalars
 from .shaw import shaw_index
 
-__all__ = ["bias_attention", "bias_logits"]
+__all__ = ["DEFAULTS", "bias_attention", "bias_call", "bias_logits"]
+
+#: A learned bias's defaults: ``scale = 1/sqrt(d)``, not causal, start-aligned queries.
+DEFAULTS = PLAIN
 
 
 def bias_logits(
@@ -40,18 +45,14 @@ def bias_logits(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> b = xp.asarray([-1.0, 0.0, 1.0])
     >>> bias_logits(b, 2, 3)
-    array([[ 0.,  1.,  1.],
-           [-1.,  0.,  1.]])
+    Array([[ 0.,  1.,  1.],
+           [-1.,  0.,  1.]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(table)
-    check_table("table", table, None, scalar=True)
-    n = table.shape[-1]
-    if n % 2 != 1:
-        msg = f"`table` must have 2K + 1 entries (an odd number), got {n}"
-        raise ValueError(msg)
+    n = _entries(table, None)
     t_q = nonnegative_int("t_q", t_q)
     t_k = nonnegative_int("t_k", t_k)
     dev = _xp.device(table)
@@ -60,6 +61,47 @@ def bias_logits(
     )
     out = gather_scalars(table, index)
     return xp.where(valid, out, xp.zeros((), dtype=table.dtype, device=dev))
+
+
+def _entries(table: Any, q: Any) -> int:
+    check_table("table", table, q, scalar=True)
+    n = table.shape[-1]
+    if n % 2 != 1:
+        msg = f"`table` must have 2K + 1 entries (an odd number), got {n}"
+        raise ValueError(msg)
+    return n
+
+
+def bias_call(
+    q: Any,
+    k: Any,
+    v: Any,
+    table: Any,
+    /,
+    *,
+    scale: float | None,
+    mask: Any,
+    causal: bool | None,
+    q_offset: int | None,
+    beyond: str,
+) -> Call:
+    """Validate a `bias_attention` call and resolve its defaults (shared with the kernels).
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.zeros((3, 4))
+    >>> bias_call(q, k, v, xp.zeros(5), scale=None, mask=None, causal=True, q_offset=None,
+    ...           beyond="clip").causal
+    True
+    """
+    call = resolve_call(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
+        tables=(table,),
+    )
+    check_choice("beyond", beyond, BEYOND_POLICIES)
+    _entries(table, q)
+    return call
 
 
 def bias_attention(
@@ -71,8 +113,8 @@ def bias_attention(
     *,
     scale: float | None = None,
     mask: Any = None,
-    causal: bool = False,
-    q_offset: int = 0,
+    causal: bool | None = None,
+    q_offset: int | None = None,
     beyond: str = "clip",
     return_weights: bool = False,
 ) -> Any:
@@ -86,7 +128,7 @@ def bias_attention(
     q, k, v : floating arrays ``(..., t_q, d)``, ``(..., t_k, d)``, ``(..., t_k, d_v)``
     table : floating array, ``(2K+1,)`` or ``(h, 2K+1)`` (heads at axis -3 of `q`)
     scale, mask, causal, q_offset, return_weights
-        As in `relpos_ref.attention`.
+        As in `relpos_ref.attention` (defaults `DEFAULTS`).
     beyond
         As in `bias_logits`.
 
@@ -96,30 +138,20 @@ def bias_attention(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> q = k = v = np.zeros((2, 2))
-    >>> w = bias_attention(q, k, v, np.asarray([0.0, 0.0, np.log(3.0)]),
-    ...                    return_weights=True)[1]
-    >>> w.round(3).tolist()
-    [[0.25, 0.75], [0.5, 0.5]]
+    >>> import math
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.zeros((2, 2))
+    >>> _, w = bias_attention(q, k, v, xp.asarray([0.0, 0.0, math.log(3.0)]),
+    ...                       return_weights=True)
+    >>> w
+    Array([[0.25, 0.75],
+           [0.5 , 0.5 ]], dtype=array_api_strict.float64)
     """
-    _xp.array_namespace(q, k, v, table)
-    check_table("table", table, q, scalar=True)
-    bias = bias_by_distance(
-        lambda t_q, t_k, offset: bias_logits(table, t_q, t_k, q_offset=offset, beyond=beyond),
-        q,
-        q.shape[-2],
-        k.shape[-2],
-        q_offset,
+    call = bias_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, beyond=beyond
     )
+    bias = bias_logits(table, call.t_q, call.t_k, q_offset=call.q_offset, beyond=beyond)
     return attention(
-        q,
-        k,
-        v,
-        scale=scale,
-        mask=mask,
-        causal=causal,
-        q_offset=q_offset,
-        bias=bias,
-        return_weights=return_weights,
+        q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
+        bias=bias, return_weights=return_weights,
     )

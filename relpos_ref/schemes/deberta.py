@@ -34,12 +34,15 @@ logarithm is taken on the arrays.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
 from .. import _xp
 from .._validate import as_int, nonnegative_int, positive_int
-from ..attention import attention, default_scale
+from ..attention import attention
+from ..calls import Call, Defaults, resolve_call
 from ..layouts import take_per_row
 from ..positions import relative_positions
 from ._tables import (
@@ -52,12 +55,39 @@ from ._tables import (
 )
 
 __all__ = [
+    "DEFAULTS",
     "deberta_attention",
     "deberta_bucket",
     "deberta_bucket_boundaries",
+    "deberta_call",
     "deberta_index",
     "deberta_logits",
+    "deberta_rows",
+    "deberta_scale",
 ]
+
+
+def deberta_scale(d: int, tables: Sequence[Any] = ()) -> float:
+    r"""DeBERTa's scale :math:`1/\sqrt{d f}`, ``f = 1 +`` the number of tables given.
+
+    Parameters
+    ----------
+    d : int
+        Feature width.
+    tables : sequence
+        ``(key_table, query_table)``, ``None`` for an omitted one.
+
+    Examples
+    --------
+    >>> deberta_scale(8, (object(), None))  # c2p only: f = 2
+    0.25
+    """
+    factor = 1 + sum(t is not None for t in tables)
+    return 1.0 / math.sqrt(d * factor) if d > 0 else 1.0
+
+
+#: DeBERTa's defaults: ``scale = 1/sqrt(d f)``, not causal, start-aligned queries.
+DEFAULTS = Defaults(scale=deberta_scale)
 
 
 def _bucket_parameters(bucket_size: int, max_position: int) -> tuple[int, int]:
@@ -151,10 +181,11 @@ def deberta_bucket(r: Any, /, *, bucket_size: int, max_position: int) -> Any:
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> deberta_bucket(xp.asarray([-40, -9, -5, -4, 0, 3, 4, 5, 7, 8, 15, 16, 31, 32]),
     ...                bucket_size=8, max_position=32)
-    array([-8, -6, -5, -4,  0,  3,  4,  5,  5,  6,  6,  7,  7,  8])
+    Array([-8, -6, -5, -4,  0,  3,  4,  5,  5,
+            6,  6,  7,  7,  8], dtype=array_api_strict.int64)
     """
     xp = _xp.array_namespace(r)
     mid, _ = _bucket_parameters(bucket_size, max_position)
@@ -213,16 +244,46 @@ def deberta_index(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> deberta_index(3, 3, span=2, xp=xp)  # rows for u = -1, 0, 1, 2
-    array([[1, 2, 3],
+    Array([[1, 2, 3],
            [0, 1, 2],
-           [0, 0, 1]])
+           [0, 0, 1]], dtype=array_api_strict.int64)
     """
     span = positive_int("span", span)
     t_q = nonnegative_int("t_q", t_q)
     t_k = nonnegative_int("t_k", t_k)
     r = relative_positions(t_q, t_k, q_offset=as_int("q_offset", q_offset), xp=xp, device=device)
+    return deberta_rows(r, span=span, max_position=max_position)
+
+
+def deberta_rows(r: Any, /, *, span: int, max_position: int | None = None) -> Any:
+    r"""Canonical table row of each distance: the bucket, clamped to the ``2 S`` rows.
+
+    .. math:: \text{row}(r) = \operatorname{clamp}(\text{bucket}(r), -(S-1), S) + S - 1
+
+    Parameters
+    ----------
+    r : integer array
+        Key-minus-query distances.
+    span : int
+        ``S``: the tables have ``2 S`` rows.
+    max_position : int, optional
+        Log buckets of size `span` up to `max_position`; ``None`` for none.
+
+    Returns
+    -------
+    array
+        Same shape and dtype as `r`, values in ``0 .. 2S - 1``.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> deberta_rows(xp.asarray([-3, -1, 0, 1, 3]), span=2)  # rows for u = -1 .. 2
+    Array([0, 0, 1, 2, 3], dtype=array_api_strict.int64)
+    """
+    xp = _xp.array_namespace(r)
+    span = positive_int("span", span)
     b = r if max_position is None else deberta_bucket(
         r, bucket_size=span, max_position=max_position
     )
@@ -269,38 +330,26 @@ def deberta_logits(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> q = xp.asarray([[1.0], [1.0]]); k = xp.asarray([[0.0], [10.0]])
     >>> Kr = xp.asarray([[-1.0], [0.0], [1.0], [2.0]])  # S = 2: u = -1, 0, 1, 2
     >>> deberta_logits(q, k, Kr)  # c2p only: q_i . Kr[row(j - i)]
-    array([[ 0.,  1.],
-           [-1.,  0.]])
+    Array([[ 0.,  1.],
+           [-1.,  0.]], dtype=array_api_strict.float64)
     >>> deberta_logits(q, k, None, Kr)  # p2c only: k_j . Kr[row(j - i)]
-    array([[ 0., 10.],
-           [ 0.,  0.]])
+    Array([[ 0., 10.],
+           [ 0.,  0.]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(q, k, key_table, query_table)
     check_method(method)
-    tables = {"key_table": key_table, "query_table": query_table}
-    spans = set()
-    for name, table in tables.items():
-        if table is not None:
-            check_table(name, table, q, width=q.shape[-1])
-            spans.add(_span(name, table))
+    span = _check_tables(q, key_table, query_table)
     t_q, t_k = q.shape[-2], k.shape[-2]
     dev = _xp.device(q)
     out = xp.zeros((*q.shape[:-2], t_q, t_k), dtype=q.dtype, device=dev)
-    if not spans:
+    if span is None:
         return out
-    if len(spans) > 1:
-        msg = (
-            "`key_table` and `query_table` must have the same number of rows, got shapes "
-            f"{tuple(key_table.shape)} and {tuple(query_table.shape)}"
-        )
-        raise ValueError(msg)
     index = deberta_index(
-        t_q, t_k, span=spans.pop(), max_position=max_position, q_offset=q_offset, xp=xp,
-        device=dev,
+        t_q, t_k, span=span, max_position=max_position, q_offset=q_offset, xp=xp, device=dev
     )
     if key_table is not None:
         if method == "definition":
@@ -317,6 +366,58 @@ def deberta_logits(
     return out
 
 
+def _check_tables(q: Any, key_table: Any, query_table: Any) -> int | None:
+    # The span S shared by the tables given, None when there is none.
+    spans = set()
+    for name, table in (("key_table", key_table), ("query_table", query_table)):
+        if table is not None:
+            check_table(name, table, q, width=q.shape[-1])
+            spans.add(_span(name, table))
+    if len(spans) > 1:
+        msg = (
+            "`key_table` and `query_table` must have the same number of rows, got shapes "
+            f"{tuple(key_table.shape)} and {tuple(query_table.shape)}"
+        )
+        raise ValueError(msg)
+    return spans.pop() if spans else None
+
+
+def deberta_call(
+    q: Any,
+    k: Any,
+    v: Any,
+    key_table: Any = None,
+    query_table: Any = None,
+    /,
+    *,
+    max_position: int | None,
+    scale: float | None,
+    mask: Any,
+    causal: bool | None,
+    q_offset: int | None,
+    method: str,
+) -> Call:
+    """Validate a `deberta_attention` call and resolve its defaults (shared with the kernels).
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.zeros((3, 8))
+    >>> deberta_call(q, k, v, xp.zeros((4, 8)), max_position=None, scale=None, mask=None,
+    ...              causal=None, q_offset=None, method="efficient").scale  # 1/sqrt(8 * 2)
+    0.25
+    """
+    call = resolve_call(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
+        tables=(key_table, query_table),
+    )
+    check_method(method)
+    span = _check_tables(q, key_table, query_table)
+    if span is not None and max_position is not None:
+        _bucket_parameters(span, max_position)
+    return call
+
+
 def deberta_attention(
     q: Any,
     k: Any,
@@ -328,8 +429,8 @@ def deberta_attention(
     max_position: int | None = None,
     scale: float | None = None,
     mask: Any = None,
-    causal: bool = False,
-    q_offset: int = 0,
+    causal: bool | None = None,
+    q_offset: int | None = None,
     method: str = "efficient",
     return_weights: bool = False,
 ) -> Any:
@@ -346,7 +447,7 @@ def deberta_attention(
     max_position, method
         As in `deberta_logits`.
     scale : float, optional
-        Default ``1 / sqrt(d f)``, DeBERTa's.
+        Default ``1 / sqrt(d f)``, DeBERTa's (`DEFAULTS`, `deberta_scale`).
     mask, causal, q_offset, return_weights
         As in `relpos_ref.attention`.
 
@@ -356,24 +457,23 @@ def deberta_attention(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> rng = np.random.default_rng(0)
-    >>> q, k, v = rng.standard_normal((3, 2, 6, 8))
-    >>> Kr, Qr = rng.standard_normal((2, 16, 8))  # S = 8
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.reshape(xp.arange(48.0) / 48, (6, 8))
+    >>> Kr = Qr = xp.reshape(xp.arange(128.0) / 128, (16, 8))  # S = 8
     >>> out = deberta_attention(q, k, v, Kr, Qr, max_position=32)
     >>> slow = deberta_attention(q, k, v, Kr, Qr, max_position=32, method="definition")
-    >>> bool(np.allclose(out, slow))
+    >>> bool(xp.all(xp.abs(out - slow) < 1e-12))
     True
     """
-    _xp.array_namespace(q, k, v, key_table, query_table)
-    if scale is None:
-        factor = 1 + sum(t is not None for t in (key_table, query_table))
-        scale = default_scale(q.shape[-1] * factor)
+    call = deberta_call(
+        q, k, v, key_table, query_table, max_position=max_position, scale=scale, mask=mask,
+        causal=causal, q_offset=q_offset, method=method,
+    )
     position = deberta_logits(
-        q, k, key_table, query_table, max_position=max_position, q_offset=q_offset,
+        q, k, key_table, query_table, max_position=max_position, q_offset=call.q_offset,
         method=method,
     )
     return attention(
-        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, position=position,
-        return_weights=return_weights,
+        q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
+        position=position, return_weights=return_weights,
     )

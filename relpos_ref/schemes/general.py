@@ -7,9 +7,10 @@ sequences of up to ``t_max`` positions. The positional term is
           c(r) = r + t_\max - 1 \text{ (past to future)} \text{ or }
           t_\max - 1 - r \text{ (future to past)},
 
-computed efficiently as ``Q E^T`` followed by
-`relpos_ref.layouts.stacked_diagonals` (each diagonal of ``P`` is one
-column of ``Q E^T``).
+computed efficiently as ``Q E_w^T`` followed by the layout of
+`relpos_ref.layouts.stacked_diagonals`: ``E_w`` holds only the
+``t_q + t_k - 1`` rows whose distances occur, in past-to-future order, and
+each diagonal of ``P`` is one column of ``Q E_w^T``.
 """
 
 from __future__ import annotations
@@ -18,19 +19,23 @@ from typing import Any
 
 from .. import _xp
 from .._validate import as_int, check_choice, nonnegative_int, positive_int
-from ..attention import _attention, attention
-from ..layouts import TABLE_ORDERS, stacked_diagonals
-from ..positions import check_distances_in_table, relative_positions
-from ._tables import (
-    check_method,
-    check_table,
-    contract_rows,
-    gather_rows,
-    numpy_block_logits,
-    table_logits,
-)
+from ..attention import attention
+from ..calls import PLAIN, Call, resolve_call
+from ..layouts import TABLE_ORDERS, pad_flatten_reshape
+from ..positions import check_distances_in_table, distance_range, relative_positions
+from ._tables import check_method, check_table, contract_rows, gather_rows, table_logits
 
-__all__ = ["general_attention", "general_index", "general_logits"]
+__all__ = [
+    "DEFAULTS",
+    "general_attention",
+    "general_call",
+    "general_index",
+    "general_logits",
+    "general_window",
+]
+
+#: The general scheme's defaults: ``scale = 1/sqrt(d)``, not causal, start-aligned queries.
+DEFAULTS = PLAIN
 
 
 def general_index(
@@ -71,13 +76,13 @@ def general_index(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> general_index(2, 3, t_max=3, xp=xp)
-    array([[2, 3, 4],
-           [1, 2, 3]])
+    Array([[2, 3, 4],
+           [1, 2, 3]], dtype=array_api_strict.int64)
     >>> general_index(2, 3, t_max=3, order="future_to_past", xp=xp)
-    array([[2, 1, 0],
-           [3, 2, 1]])
+    Array([[2, 1, 0],
+           [3, 2, 1]], dtype=array_api_strict.int64)
     """
     t_q, t_k, t_max, q_offset = _check_grid(t_q, t_k, t_max, q_offset, order)
     r = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=device)
@@ -148,11 +153,11 @@ def general_logits(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> E = xp.asarray([[-3.0], [-2.0], [-1.0], [0.0], [1.0], [2.0], [3.0]])  # t_max = 4
     >>> general_logits(xp.ones((2, 1)), E, 4)
-    array([[ 0.,  1.,  2.,  3.],
-           [-1.,  0.,  1.,  2.]])
+    Array([[ 0.,  1.,  2.,  3.],
+           [-1.,  0.,  1.,  2.]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(q, table)
     check_method(method)
@@ -164,8 +169,93 @@ def general_logits(
             t_q, t_k, t_max=t_max, q_offset=q_offset, order=order, xp=xp, device=_xp.device(q)
         )
         return contract_rows(q, gather_rows(table, index))
-    _check_grid(t_q, t_k, t_max, q_offset, order)
-    return stacked_diagonals(table_logits(q, table), t_k, q_offset=q_offset, order=order)
+    t_q, t_k, t_max, q_offset = _check_grid(t_q, t_k, t_max, q_offset, order)
+    span = distance_range(t_q, t_k, q_offset=q_offset)
+    if span is None:
+        return xp.zeros((*q.shape[:-2], t_q, t_k), dtype=q.dtype, device=_xp.device(q))
+    window = general_window(table, t_q, t_k, q_offset=q_offset, order=order)
+    return pad_flatten_reshape(table_logits(q, window), t_k, offset=-span[0], q_offset=q_offset)
+
+
+def general_window(
+    table: Any, /, t_q: int, t_k: int, *, q_offset: int = 0, order: str = "past_to_future"
+) -> Any:
+    r"""The table rows of the distances that occur, from ``r_min`` to ``r_max``, past to future.
+
+    .. math:: E_w[c] = E[\text{row}(r_\min + c)], \quad c = 0 .. t_q + t_k - 2
+
+    Parameters
+    ----------
+    table : array, shape ``(2 t_max - 1, d)`` or ``(h, 2 t_max - 1, d)``
+    t_q, t_k : int
+        Queries and keys, at least one each; every distance must be in the table.
+    q_offset : int, optional
+        Position of query 0.
+    order : {"past_to_future", "future_to_past"}, optional
+        Row order of `table`.
+
+    Returns
+    -------
+    array, shape ``(t_q + t_k - 1, d)`` or ``(h, t_q + t_k - 1, d)``
+        Row ``c`` holds distance ``r_min + c``, ``r_min = -(t_q - 1 + q_offset)``;
+        a copy, not a view of `table`.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> E = xp.reshape(xp.arange(-3.0, 4.0), (7, 1))  # t_max = 4, row r + 3 holds r
+    >>> general_window(E, 2, 2)[:, 0]  # distances -1 .. 1
+    Array([-1.,  0.,  1.], dtype=array_api_strict.float64)
+    >>> general_window(xp.flip(E, axis=0), 2, 2, order="future_to_past")[:, 0]
+    Array([-1.,  0.,  1.], dtype=array_api_strict.float64)
+    """
+    xp = _xp.array_namespace(table)
+    t_max = _t_max(table)
+    t_q, t_k, t_max, q_offset = _check_grid(t_q, t_k, t_max, q_offset, order)
+    span = distance_range(t_q, t_k, q_offset=q_offset)
+    if span is None:
+        msg = f"`t_q` and `t_k` must be >= 1 for a window of distances, got {t_q} and {t_k}"
+        raise ValueError(msg)
+    r_min, r_max = span
+    if order == "past_to_future":
+        window = table[..., r_min + t_max - 1 : r_max + t_max, :]
+    else:
+        window = xp.flip(table[..., t_max - 1 - r_max : t_max - r_min, :], axis=-2)
+    return xp.asarray(window, copy=True)
+
+
+def general_call(
+    q: Any,
+    k: Any,
+    v: Any,
+    table: Any,
+    /,
+    *,
+    scale: float | None,
+    mask: Any,
+    causal: bool | None,
+    q_offset: int | None,
+    order: str,
+    method: str,
+) -> Call:
+    """Validate a `general_attention` call and resolve its defaults (shared with the kernels).
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q, k = xp.zeros((2, 4)), xp.zeros((5, 4))
+    >>> general_call(q, k, k, xp.zeros((9, 4)), scale=None, mask=None, causal=None,
+    ...              q_offset=3, order="past_to_future", method="efficient").q_offset
+    3
+    """
+    call = resolve_call(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
+        tables=(table,),
+    )
+    check_method(method)
+    check_table("table", table, q, width=q.shape[-1])
+    _check_grid(call.t_q, call.t_k, _t_max(table), call.q_offset, order)
+    return call
 
 
 def general_attention(
@@ -177,8 +267,8 @@ def general_attention(
     *,
     scale: float | None = None,
     mask: Any = None,
-    causal: bool = False,
-    q_offset: int = 0,
+    causal: bool | None = None,
+    q_offset: int | None = None,
     order: str = "past_to_future",
     method: str = "efficient",
     return_weights: bool = False,
@@ -193,7 +283,7 @@ def general_attention(
     q, k, v : floating arrays ``(..., t_q, d)``, ``(..., t_k, d)``, ``(..., t_k, d_v)``
     table : floating array, ``(2 t_max - 1, d)`` or ``(h, 2 t_max - 1, d)``
     scale, mask, causal, q_offset, return_weights
-        As in `relpos_ref.attention`.
+        As in `relpos_ref.attention` (defaults `DEFAULTS`).
     order, method
         As in `general_logits`.
 
@@ -203,45 +293,19 @@ def general_attention(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> q, k = np.ones((2, 4)), np.ones((5, 4))
-    >>> general_attention(q, k, k, np.zeros((9, 4)), q_offset=3, causal=True).shape
+    >>> import array_api_strict as xp
+    >>> q, k = xp.ones((2, 4)), xp.ones((5, 4))
+    >>> general_attention(q, k, k, xp.zeros((9, 4)), q_offset=3, causal=True).shape
     (2, 4)
     """
-    _xp.array_namespace(q, k, v, table)
-    check_method(method)
-    t_k = k.shape[-2]
-    rows = None
-    if method == "efficient" and _xp.all_numpy(q, k, v, table):
-        check_table("table", table, q, width=q.shape[-1])
-        _check_grid(q.shape[-2], t_k, _t_max(table), q_offset, order)
-        if order == "future_to_past":  # reversed, row c holds distance c - (t_max - 1)
-            table = table[..., ::-1, :]
-        rows = numpy_block_logits(q, table, t_k, q_offset=q_offset, low=1 - _t_max(table))
-    if rows is None:
-        position = general_logits(q, table, t_k, q_offset=q_offset, order=order, method=method)
-        return attention(
-            q,
-            k,
-            v,
-            scale=scale,
-            mask=mask,
-            causal=causal,
-            q_offset=q_offset,
-            position=position,
-            return_weights=return_weights,
-        )
-
-    return _attention(
-        q,
-        k,
-        v,
-        scale=scale,
-        mask=mask,
-        causal=causal,
-        q_offset=q_offset,
-        bias=None,
-        position=None,
-        return_weights=return_weights,
-        position_rows=rows,
+    call = general_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, order=order,
+        method=method,
+    )
+    position = general_logits(
+        q, table, call.t_k, q_offset=call.q_offset, order=order, method=method
+    )
+    return attention(
+        q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
+        position=position, return_weights=return_weights,
     )

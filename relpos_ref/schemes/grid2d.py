@@ -18,11 +18,15 @@ from typing import Any
 from .. import _xp
 from .._validate import positive_int
 from ..attention import attention
+from ..calls import PLAIN, Call, resolve_call
 from ..layouts import pad_flatten_reshape
 from ..positions import grid_positions
 from ._tables import check_method, check_table, contract_rows, gather_rows, table_logits
 
-__all__ = ["grid2d_attention", "grid2d_index", "grid2d_logits"]
+__all__ = ["DEFAULTS", "grid2d_attention", "grid2d_call", "grid2d_index", "grid2d_logits"]
+
+#: 2D relative attention's defaults: ``scale = 1/sqrt(d)``, not causal (raster order if so).
+DEFAULTS = PLAIN
 
 
 def grid2d_index(height: int, width: int, /, *, xp: Any, device: Any = None) -> tuple[Any, Any]:
@@ -44,16 +48,16 @@ def grid2d_index(height: int, width: int, /, *, xp: Any, device: Any = None) -> 
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> rows, cols = grid2d_index(1, 3, xp=xp)
     >>> rows
-    array([[0, 0, 0],
+    Array([[0, 0, 0],
            [0, 0, 0],
-           [0, 0, 0]])
+           [0, 0, 0]], dtype=array_api_strict.int64)
     >>> cols
-    array([[2, 3, 4],
+    Array([[2, 3, 4],
            [1, 2, 3],
-           [0, 1, 2]])
+           [0, 1, 2]], dtype=array_api_strict.int64)
     """
     height = positive_int("height", height)
     width = positive_int("width", width)
@@ -88,39 +92,18 @@ def grid2d_logits(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> q = xp.ones((2, 1))  # a 1 x 2 grid
     >>> Rh = xp.asarray([[0.0]])
     >>> Rw = xp.asarray([[-1.0], [0.0], [1.0]])
     >>> grid2d_logits(q, Rh, Rw, height=1, width=2)
-    array([[ 0.,  1.],
-           [-1.,  0.]])
+    Array([[ 0.,  1.],
+           [-1.,  0.]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(q, row_table, col_table)
     check_method(method)
-    height = positive_int("height", height)
-    width = positive_int("width", width)
+    height, width = _check_grid(q, row_table, col_table, height, width)
     n = height * width
-    if q.shape[-2] != n:
-        msg = f"`q` must have height * width = {n} tokens on axis -2, got shape {tuple(q.shape)}"
-        raise ValueError(msg)
-    d = q.shape[-1]
-    check_table(
-        "row_table",
-        row_table,
-        q,
-        rows=2 * height - 1,
-        rows_rule=f" (2 height - 1 for height = {height})",
-        width=d,
-    )
-    check_table(
-        "col_table",
-        col_table,
-        q,
-        rows=2 * width - 1,
-        rows_rule=f" (2 width - 1 for width = {width})",
-        width=d,
-    )
     if method == "definition":
         rows, cols = grid2d_index(height, width, xp=xp, device=_xp.device(q))
         return contract_rows(q, gather_rows(row_table, rows)) + contract_rows(
@@ -141,6 +124,67 @@ def grid2d_logits(
     return xp.reshape(row_term + col_term, (*batch, n, n))
 
 
+def _check_grid(q: Any, row_table: Any, col_table: Any, height: int, width: int) -> tuple:
+    height = positive_int("height", height)
+    width = positive_int("width", width)
+    n = height * width
+    if q.shape[-2] != n:
+        msg = f"`q` must have height * width = {n} tokens on axis -2, got shape {tuple(q.shape)}"
+        raise ValueError(msg)
+    for name, table, side, size in (
+        ("row_table", row_table, "height", height),
+        ("col_table", col_table, "width", width),
+    ):
+        check_table(
+            name, table, q, rows=2 * size - 1,
+            rows_rule=f" (2 {side} - 1 for {side} = {size})", width=q.shape[-1],
+        )
+    return height, width
+
+
+def grid2d_call(
+    q: Any,
+    k: Any,
+    v: Any,
+    row_table: Any,
+    col_table: Any,
+    /,
+    *,
+    height: int,
+    width: int,
+    scale: float | None,
+    mask: Any,
+    causal: bool | None,
+    method: str,
+) -> Call:
+    """Validate a `grid2d_attention` call and resolve its defaults (shared with the kernels).
+
+    Self-attention over the grid's tokens: ``q`` and ``k`` both have
+    ``height * width`` of them, and ``q_offset`` is 0.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = xp.zeros((6, 4))
+    >>> grid2d_call(q, q, q, xp.zeros((3, 4)), xp.zeros((5, 4)), height=2, width=3,
+    ...             scale=None, mask=None, causal=None, method="efficient").t_k
+    6
+    """
+    call = resolve_call(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=0, defaults=DEFAULTS,
+        tables=(row_table, col_table),
+    )
+    check_method(method)
+    height, width = _check_grid(q, row_table, col_table, height, width)
+    if call.t_k != height * width:
+        msg = (
+            f"`k` must have height * width = {height * width} tokens on axis -2, "
+            f"got shape {tuple(k.shape)}"
+        )
+        raise ValueError(msg)
+    return call
+
+
 def grid2d_attention(
     q: Any,
     k: Any,
@@ -153,7 +197,7 @@ def grid2d_attention(
     width: int,
     scale: float | None = None,
     mask: Any = None,
-    causal: bool = False,
+    causal: bool | None = None,
     method: str = "efficient",
     return_weights: bool = False,
 ) -> Any:
@@ -167,7 +211,8 @@ def grid2d_attention(
     row_table, col_table, height, width, method
         As in `grid2d_logits`.
     scale, mask, causal, return_weights
-        As in `relpos_ref.attention` (``causal`` in raster order).
+        As in `relpos_ref.attention` (``causal`` in raster order; defaults
+        `DEFAULTS`).
 
     Returns
     -------
@@ -175,20 +220,17 @@ def grid2d_attention(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> q = np.ones((6, 4))
-    >>> grid2d_attention(q, q, q, np.zeros((3, 4)), np.zeros((5, 4)), height=2, width=3).shape
+    >>> import array_api_strict as xp
+    >>> q = xp.ones((6, 4))
+    >>> grid2d_attention(q, q, q, xp.zeros((3, 4)), xp.zeros((5, 4)), height=2, width=3).shape
     (6, 4)
     """
-    _xp.array_namespace(q, k, v, row_table, col_table)
+    call = grid2d_call(
+        q, k, v, row_table, col_table, height=height, width=width, scale=scale, mask=mask,
+        causal=causal, method=method,
+    )
     position = grid2d_logits(q, row_table, col_table, height=height, width=width, method=method)
     return attention(
-        q,
-        k,
-        v,
-        scale=scale,
-        mask=mask,
-        causal=causal,
-        position=position,
+        q, k, v, scale=call.scale, mask=mask, causal=call.causal, position=position,
         return_weights=return_weights,
     )

@@ -4,9 +4,12 @@ r"""Music Transformer relative attention (Huang et al. 2018): causal, one-sided.
           \quad r_{ij} \le 0,
 
 with a table ``E`` of ``M`` rows for ``r = -(M-1) .. 0`` (row ``r + M - 1``).
-The efficient path is the "skew": ``Q E^T`` for the ``t_k`` distances that
+The efficient path, for end-aligned queries (``q_offset = t_k - t_q``, the
+decoder's case, with ``t_q <= t_k``), is the "skew": ``Q E^T`` for the ``t_k`` distances that
 occur, laid out by `relpos_ref.layouts.rel_shift` (exactly the skew when
-``t_q = t_k``), memory ``O(L d + L^2)`` instead of ``O(L^2 d)``.
+``t_q = t_k``), memory ``O(L d + L^2)`` instead of ``O(L^2 d)``. For any
+other offset the table's rows are taken for every distance the grid reaches
+and laid out as stacked diagonals, as in `relpos_ref.schemes.general`.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _xp
-from .._validate import as_int, check_choice, nonnegative_int
-from ..attention import _attention
-from ..layouts import rel_shift
+from .._validate import as_int, check_bool, check_choice, nonnegative_int
+from ..attention import attention
+from ..calls import Call, Defaults, resolve_call
+from ..layouts import pad_flatten_reshape, rel_shift
 from ..positions import (
     _ERROR_POLICY_HINT,
     BEYOND_POLICIES,
@@ -29,16 +33,26 @@ from ..positions import (
 from ._tables import (
     check_method,
     check_table,
+    check_value_table,
     check_value_width,
     contract_rows,
     distance_bins,
     gather_valid_rows,
-    numpy_block_logits,
     table_logits,
     weighted_rows,
 )
 
-__all__ = ["music_attention", "music_index", "music_logits", "music_values"]
+__all__ = [
+    "DEFAULTS",
+    "music_attention",
+    "music_call",
+    "music_index",
+    "music_logits",
+    "music_values",
+]
+
+#: The Music Transformer's defaults: ``scale = 1/sqrt(d)``, causal, start-aligned queries.
+DEFAULTS = Defaults(causal=True)
 
 
 def _check_beyond(t_q: int, t_k: int, length: int, q_offset: int, beyond: str) -> None:
@@ -87,11 +101,11 @@ def music_index(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> music_index(3, 3, length=3, xp=xp).index
-    array([[2, 2, 2],
+    Array([[2, 2, 2],
            [1, 2, 2],
-           [0, 1, 2]])
+           [0, 1, 2]], dtype=array_api_strict.int64)
     """
     _check_beyond(t_q, t_k, length, q_offset, beyond)
     if beyond == "error":
@@ -134,8 +148,8 @@ def music_logits(
     t_k : int
         Number of keys.
     q_offset : int, optional
-        Position of query 0. The efficient path needs end alignment,
-        ``q_offset = t_k - t_q`` (``0`` for self-attention).
+        Position of query 0. With end alignment, ``q_offset = t_k - t_q``
+        (``0`` for self-attention), the efficient path is the skew.
     beyond : {"clip", "zero", "error"}, optional
         Past distances ``r < -(M-1)``.
     method : {"efficient", "definition"}, optional
@@ -146,13 +160,13 @@ def music_logits(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> q = xp.ones((3, 1))
     >>> E = xp.asarray([[-2.0], [-1.0], [0.0]])  # M = 3: r = -2, -1, 0
     >>> music_logits(q, E, 3)
-    array([[ 0.,  0.,  0.],
+    Array([[ 0.,  0.,  0.],
            [-1.,  0.,  0.],
-           [-2., -1.,  0.]])
+           [-2., -1.,  0.]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(q, table)
     check_method(method)
@@ -160,10 +174,7 @@ def music_logits(
     t_k = nonnegative_int("t_k", t_k)
     q_offset = as_int("q_offset", q_offset)
     t_q = q.shape[-2]
-    m = table.shape[-2]
-    if m < 1:
-        msg = f"`table` must have at least one row, got shape {tuple(table.shape)}"
-        raise ValueError(msg)
+    m = _length(table)
     dev = _xp.device(q)
     index, valid = music_index(
         t_q, t_k, length=m, q_offset=q_offset, beyond=beyond, xp=xp, device=dev
@@ -171,18 +182,17 @@ def music_logits(
     zero = xp.zeros((), dtype=q.dtype, device=dev)
     if method == "definition":
         return contract_rows(q, gather_valid_rows(table, index, valid))
-    if q_offset != t_k - t_q:
-        msg = (
-            "music's efficient path (the skew) needs end-aligned queries, "
-            f"q_offset = t_k - t_q = {t_k - t_q}, got q_offset={q_offset}; "
-            "use method='definition' or the general scheme"
-        )
-        raise ValueError(msg)
     if t_q == 0 or t_k == 0:
         return xp.zeros((*q.shape[:-2], t_q, t_k), dtype=q.dtype, device=dev)
-    policy = "zero" if beyond == "zero" else "clip"
-    rows = _rows_for_every_distance(xp, table, t_k, policy)
-    out = rel_shift(table_logits(q, rows))
+    if q_offset == t_k - t_q and t_k >= t_q:  # the skew (Huang et al.)
+        policy = "zero" if beyond == "zero" else "clip"
+        rows = _rows_for_every_distance(xp, table, t_k, policy)
+        out = rel_shift(table_logits(q, rows))
+    else:  # stacked diagonals of the rows of every distance the grid reaches
+        r_min = -(t_q - 1) - q_offset
+        r = xp.arange(t_q + t_k - 1, dtype=index.dtype, device=dev) + r_min
+        rows = xp.take(table, xp.clip(r, -(m - 1), 0) + (m - 1), axis=table.ndim - 2)
+        out = pad_flatten_reshape(table_logits(q, rows), t_k, offset=-r_min, q_offset=q_offset)
     return xp.where(valid, out, zero)
 
 
@@ -214,15 +224,15 @@ def music_values(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> w = xp.asarray([[0.25, 0.25, 0.5]])
     >>> EV = xp.asarray([[1.0], [10.0]])  # M = 2: r = -1, 0
     >>> music_values(w, EV, q_offset=2)  # r = -2 (clipped), -1, 0
-    array([[5.5]])
+    Array([[5.5]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(weights, value_table)
     check_method(method)
-    check_table("value_table", value_table, weights)
+    check_value_table("value_table", value_table, weights)
     m = value_table.shape[-2]
     t_q, t_k = weights.shape[-2:]
     if method == "definition":
@@ -238,6 +248,52 @@ def music_values(
     return xp.matmul(bins, value_table)
 
 
+def _length(table: Any) -> int:
+    m = table.shape[-2]
+    if m < 1:
+        msg = f"`table` must have at least one row, got shape {tuple(table.shape)}"
+        raise ValueError(msg)
+    return m
+
+
+def music_call(
+    q: Any,
+    k: Any,
+    v: Any,
+    table: Any,
+    value_table: Any = None,
+    /,
+    *,
+    scale: float | None,
+    mask: Any,
+    causal: bool | None,
+    q_offset: int | None,
+    beyond: str,
+    method: str,
+) -> Call:
+    """Validate a `music_attention` call and resolve its defaults (shared with the kernels).
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.zeros((3, 4))
+    >>> music_call(q, k, v, xp.zeros((3, 4)), scale=None, mask=None, causal=None,
+    ...            q_offset=None, beyond="clip", method="efficient").causal
+    True
+    """
+    call = resolve_call(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
+        tables=(table, value_table),
+    )
+    check_method(method)
+    check_value_width(value_table, v)
+    check_table("table", table, q, width=q.shape[-1])
+    _check_beyond(call.t_q, call.t_k, _length(table), call.q_offset, beyond)
+    if value_table is not None:
+        check_table("value_table", value_table, q)
+    return call
+
+
 def music_attention(
     q: Any,
     k: Any,
@@ -248,8 +304,8 @@ def music_attention(
     *,
     scale: float | None = None,
     mask: Any = None,
-    causal: bool = True,
-    q_offset: int = 0,
+    causal: bool | None = None,
+    q_offset: int | None = None,
     beyond: str = "clip",
     method: str = "efficient",
     return_weights: bool = False,
@@ -266,10 +322,10 @@ def music_attention(
     value_table : floating array, ``(M, d_v)`` or ``(h, M, d_v)``, optional
         Relative value embeddings, added as in `music_values`.
     scale, mask, q_offset, return_weights
-        As in `relpos_ref.attention`.
+        As in `relpos_ref.attention` (defaults `DEFAULTS`).
     causal : bool, optional
-        ``True`` (the scheme's setting). With ``False`` future keys are
-        attended with a zero positional term.
+        Default ``True`` (the scheme's setting). With ``False`` future keys
+        are attended with a zero positional term.
     beyond, method
         As in `music_logits`.
 
@@ -279,72 +335,24 @@ def music_attention(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> q = k = v = np.eye(3)
-    >>> music_attention(q, k, v, np.zeros((3, 3)))[0].tolist()
-    [1.0, 0.0, 0.0]
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.eye(3)
+    >>> music_attention(q, k, v, xp.zeros((3, 3)))[0, :]
+    Array([1., 0., 0.], dtype=array_api_strict.float64)
     """
-    _xp.array_namespace(q, k, v, table, value_table)
-    check_value_width(value_table, v)
-    t_q, t_k = q.shape[-2], k.shape[-2]
-    rows = position = None
-    if _numpy_window_path(q, k, table, q_offset=q_offset, method=method):
-        check_table("table", table, q, width=q.shape[-1])
-        _check_beyond(t_q, t_k, table.shape[-2], q_offset, beyond)
-        # NumPy, a table about as long as the keys: the term as general's, one block
-        # of queries at a time, from the table extended to every distance of the grid.
-        extended = _extended_table(table, t_q, t_k, q_offset=q_offset, beyond=beyond)
-        low = -(t_q - 1) - q_offset  # the grid's most distant past
-        rows = numpy_block_logits(q, extended, t_k, q_offset=q_offset, low=low)
-    else:
-        position = music_logits(q, table, t_k, q_offset=q_offset, beyond=beyond, method=method)
-    out, weights = _attention(
-        q,
-        k,
-        v,
-        scale=scale,
-        mask=mask,
-        causal=causal,
-        q_offset=q_offset,
-        bias=None,
-        position=position,
-        return_weights=True,
-        position_rows=rows,
+    call = music_call(
+        q, k, v, table, value_table, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
+        beyond=beyond, method=method,
+    )
+    position = music_logits(
+        q, table, call.t_k, q_offset=call.q_offset, beyond=beyond, method=method
+    )
+    out, weights = attention(
+        q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
+        position=position, return_weights=True,
     )
     if value_table is not None:
         out = out + music_values(
-            weights, value_table, q_offset=q_offset, beyond=beyond, method=method
+            weights, value_table, q_offset=call.q_offset, beyond=beyond, method=method
         )
-    return (out, weights) if return_weights else out
-
-
-def _numpy_window_path(q: Any, k: Any, table: Any, *, q_offset: int, method: str) -> bool:
-    # The windowed form pays off when the table covers at least half the keys: it
-    # multiplies each query by t_k + B - 1 table rows where the skew needs M.
-    check_method(method)
-    t_q, t_k = q.shape[-2], k.shape[-2]
-    return (
-        method == "efficient"
-        and _xp.all_numpy(q, k, table)
-        and q_offset == t_k - t_q
-        and 2 * table.shape[-2] >= t_k > 0
-        and t_q > 0
-        and table.ndim in (2, 3)
-    )
-
-
-def _extended_table(table: Any, t_q: int, t_k: int, *, q_offset: int, beyond: str) -> Any:
-    """The one-sided table extended to the grid's distances, ``r_min .. r_max`` (row ``r - r_min``).
-
-    The table's rows for ``-(M - 1) .. 0``, its first row (``"clip"``) or
-    zeros (``"zero"``) before them, and zeros for the future, whose
-    positional term is zero. NumPy only; ``O((t_q + t_k) d)``.
-    """
-    import numpy as np
-
-    m = table.shape[-2]
-    r_min, r_max = -(t_q - 1) - q_offset, t_k - 1 - q_offset
-    r = np.arange(r_min, r_max + 1)
-    row = np.clip(r, -(m - 1), 0) + (m - 1)
-    keep = (r <= 0) & ((r >= -(m - 1)) | (beyond == "clip"))
-    return np.where(keep[:, None], np.take(table, row, axis=-2), 0).astype(table.dtype, copy=False)
+    return (out, weights) if check_bool("return_weights", return_weights) else out

@@ -26,8 +26,19 @@ from typing import Any
 from .. import _xp
 from .._validate import as_float, as_int, check_choice
 from ..attention import attention
+from ..calls import PLAIN, Call, resolve_call
 
-__all__ = ["ROPE_LAYOUTS", "rope_attention", "rope_frequencies", "rope_rotate"]
+__all__ = [
+    "DEFAULTS",
+    "ROPE_LAYOUTS",
+    "rope_attention",
+    "rope_call",
+    "rope_frequencies",
+    "rope_rotate",
+]
+
+#: RoPE's defaults: ``scale = 1/sqrt(d)``, not causal, start-aligned queries.
+DEFAULTS = PLAIN
 
 ROPE_LAYOUTS = ("half", "interleaved")
 
@@ -100,11 +111,11 @@ def rope_rotate(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> x = xp.asarray([[1.0, 0.0], [1.0, 0.0]])  # positions 0 and 1
-    >>> rope_rotate(x, base=1.0).round(4)  # θ = 1: turn by 0 and 1 radian
-    array([[1.    , 0.    ],
-           [0.5403, 0.8415]])
+    >>> rope_rotate(x, base=1.0)  # θ = 1: turn by 0 and 1 radian
+    Array([[1.        , 0.        ],
+           [0.54030231, 0.84147098]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(x)
     _xp.check_floating(xp, "x", x)
@@ -116,7 +127,7 @@ def rope_rotate(
     *_, t, d = x.shape
     rd = _rotary_dim(d, rotary_dim)
     if rd == 0:
-        return x
+        return xp.asarray(x, copy=True)  # a fresh array, bit for bit
     dev = _xp.device(x)
     freqs = xp.asarray(rope_frequencies(rd, base=base), dtype=x.dtype, device=dev)
     pos = xp.astype(xp.arange(offset, offset + t, device=dev), x.dtype)
@@ -135,6 +146,38 @@ def rope_rotate(
     return xp.concat(parts, axis=-1) if len(parts) > 1 else parts[0]
 
 
+def rope_call(
+    q: Any,
+    k: Any,
+    v: Any,
+    /,
+    *,
+    base: float,
+    rotary_dim: int | None,
+    layout: str,
+    scale: float | None,
+    mask: Any,
+    causal: bool | None,
+    q_offset: int | None,
+) -> Call:
+    """Validate a `rope_attention` call and resolve its defaults (shared with the kernels).
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.zeros((3, 4))
+    >>> rope_call(q, k, v, base=10000.0, rotary_dim=None, layout="half", scale=None,
+    ...           mask=None, causal=None, q_offset=2).q_offset
+    2
+    """
+    call = resolve_call(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS
+    )
+    check_choice("layout", layout, ROPE_LAYOUTS)
+    rope_frequencies(_rotary_dim(q.shape[-1], rotary_dim), base=base)
+    return call
+
+
 def rope_attention(
     q: Any,
     k: Any,
@@ -146,8 +189,8 @@ def rope_attention(
     layout: str = "half",
     scale: float | None = None,
     mask: Any = None,
-    causal: bool = False,
-    q_offset: int = 0,
+    causal: bool | None = None,
+    q_offset: int | None = None,
     return_weights: bool = False,
 ) -> Any:
     r"""Attention on rotated queries and keys.
@@ -161,8 +204,8 @@ def rope_attention(
     base, rotary_dim, layout
         As in `rope_rotate`.
     scale, mask, causal, q_offset, return_weights
-        As in `relpos_ref.attention`; `q_offset` also sets the queries'
-        rotation (``t_k - t_q`` when decoding with a cache).
+        As in `relpos_ref.attention` (defaults `DEFAULTS`); `q_offset` also
+        sets the queries' rotation (``t_k - t_q`` when decoding with a cache).
 
     Returns
     -------
@@ -170,23 +213,19 @@ def rope_attention(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> q = k = v = np.eye(4)
-    >>> out = rope_attention(q, k, v, causal=True)
-    >>> out.shape
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.eye(4)
+    >>> rope_attention(q, k, v, causal=True).shape
     (4, 4)
     """
-    _xp.array_namespace(q, k, v)
+    call = rope_call(
+        q, k, v, base=base, rotary_dim=rotary_dim, layout=layout, scale=scale, mask=mask,
+        causal=causal, q_offset=q_offset,
+    )
     opts = {"base": base, "rotary_dim": rotary_dim, "layout": layout}
-    q_rot = rope_rotate(q, offset=q_offset, **opts)
+    q_rot = rope_rotate(q, offset=call.q_offset, **opts)
     k_rot = rope_rotate(k, offset=0, **opts)
     return attention(
-        q_rot,
-        k_rot,
-        v,
-        scale=scale,
-        mask=mask,
-        causal=causal,
-        q_offset=q_offset,
-        return_weights=return_weights,
+        q_rot, k_rot, v, scale=call.scale, mask=mask, causal=call.causal,
+        q_offset=call.q_offset, return_weights=return_weights,
     )

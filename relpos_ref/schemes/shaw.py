@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _xp
-from .._numpy_softmax import clipped_table_softmax
-from .._validate import check_choice, nonnegative_int
-from ..attention import _attention, _softmax_of_terms
+from .._validate import check_bool, check_choice, nonnegative_int
+from ..attention import attention
+from ..calls import PLAIN, Call, resolve_call
 from ..layouts import take_per_row
 from ..positions import (
     BEYOND_POLICIES,
@@ -32,6 +32,7 @@ from ..positions import (
 from ._tables import (
     check_method,
     check_table,
+    check_value_table,
     check_value_width,
     contract_rows,
     distance_bins,
@@ -40,7 +41,10 @@ from ._tables import (
     weighted_rows,
 )
 
-__all__ = ["shaw_attention", "shaw_index", "shaw_logits", "shaw_values"]
+__all__ = ["DEFAULTS", "shaw_attention", "shaw_call", "shaw_index", "shaw_logits", "shaw_values"]
+
+#: Shaw et al.'s defaults: ``scale = 1/sqrt(d)``, not causal, start-aligned queries.
+DEFAULTS = PLAIN
 
 
 def _max_distance(name: str, table: Any) -> int:
@@ -51,14 +55,6 @@ def _max_distance(name: str, table: Any) -> int:
         )
         raise ValueError(msg)
     return (n - 1) // 2
-
-
-def _numpy_fast_path(q: Any, k: Any, key_table: Any, *, method: str, beyond: str) -> bool:
-    # The fused NumPy softmax (`clipped_table_softmax`) applies to the efficient method
-    # with clipping.
-    check_method(method)
-    check_choice("beyond", beyond, BEYOND_POLICIES)
-    return method == "efficient" and beyond == "clip" and _xp.all_numpy(q, k, key_table)
 
 
 def shaw_index(
@@ -96,9 +92,9 @@ def shaw_index(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> shaw_index(1, 5, max_distance=1, xp=xp).index
-    array([[1, 2, 2, 2, 2]])
+    Array([[1, 2, 2, 2, 2]], dtype=array_api_strict.int64)
     """
     k = nonnegative_int("max_distance", max_distance)
     check_choice("beyond", beyond, BEYOND_POLICIES)
@@ -144,13 +140,13 @@ def shaw_logits(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> q = xp.asarray([[1.0]])
     >>> aK = xp.asarray([[-1.0], [0.0], [1.0]])  # K = 1: r = -1, 0, 1
     >>> shaw_logits(q, aK, 4)
-    array([[0., 1., 1., 1.]])
+    Array([[0., 1., 1., 1.]], dtype=array_api_strict.float64)
     >>> shaw_logits(q, aK, 4, beyond="zero")
-    array([[0., 1., 0., 0.]])
+    Array([[0., 1., 0., 0.]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(q, key_table)
     check_method(method)
@@ -197,15 +193,15 @@ def shaw_values(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> w = xp.asarray([[0.5, 0.25, 0.25]])
     >>> aV = xp.asarray([[1.0], [2.0], [4.0]])  # K = 1
     >>> shaw_values(w, aV)  # r = 0, 1, 2 -> rows 1, 2, 2
-    array([[3.]])
+    Array([[3.]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(weights, value_table)
     check_method(method)
-    check_table("value_table", value_table, weights)
+    check_value_table("value_table", value_table, weights)
     check_choice("beyond", beyond, BEYOND_POLICIES)
     k = _max_distance("value_table", value_table)
     t_q, t_k = weights.shape[-2:]
@@ -229,6 +225,55 @@ def shaw_values(
     return xp.matmul(bins, value_table)
 
 
+def shaw_call(
+    q: Any,
+    k: Any,
+    v: Any,
+    key_table: Any,
+    value_table: Any = None,
+    /,
+    *,
+    scale: float | None,
+    mask: Any,
+    causal: bool | None,
+    q_offset: int | None,
+    beyond: str,
+    method: str,
+) -> Call:
+    """Validate a `shaw_attention` call and resolve its defaults (shared with the kernels).
+
+    Returns
+    -------
+    relpos_ref.attention.Call
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.zeros((3, 4))
+    >>> shaw_call(q, k, v, xp.zeros((5, 4)), scale=None, mask=None, causal=None,
+    ...           q_offset=None, beyond="clip", method="efficient").scale
+    0.5
+    """
+    call = resolve_call(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
+        tables=(key_table, value_table),
+    )
+    check_method(method)
+    check_choice("beyond", beyond, BEYOND_POLICIES)
+    check_table("key_table", key_table, q, width=q.shape[-1])
+    _max_distance("key_table", key_table)
+    if value_table is not None:
+        if value_table.shape[-2:-1] != key_table.shape[-2:-1]:
+            msg = (
+                f"`value_table` must have as many rows as `key_table`, got shapes "
+                f"{tuple(value_table.shape)} and {tuple(key_table.shape)}"
+            )
+            raise ValueError(msg)
+        check_value_width(value_table, v)
+        check_table("value_table", value_table, q)
+    return call
+
+
 def shaw_attention(
     q: Any,
     k: Any,
@@ -239,8 +284,8 @@ def shaw_attention(
     *,
     scale: float | None = None,
     mask: Any = None,
-    causal: bool = False,
-    q_offset: int = 0,
+    causal: bool | None = None,
+    q_offset: int | None = None,
     beyond: str = "clip",
     method: str = "efficient",
     return_weights: bool = False,
@@ -259,7 +304,8 @@ def shaw_attention(
     value_table : floating array, ``(2K+1, d_v)`` or ``(h, 2K+1, d_v)``, optional
         Relative value embeddings; omitted, only the key term is used.
     scale, mask, causal, q_offset, return_weights
-        As in `relpos_ref.attention`.
+        As in `relpos_ref.attention` (defaults `DEFAULTS`: ``1/sqrt(d)``,
+        not causal, ``q_offset = 0``).
     beyond, method
         As in `shaw_logits`.
 
@@ -269,79 +315,26 @@ def shaw_attention(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> q = k = v = np.eye(3)
-    >>> out = shaw_attention(q, k, v, np.zeros((5, 3)), np.zeros((5, 3)))
-    >>> bool(np.allclose(out, shaw_attention(q, k, v, np.zeros((5, 3)), method="definition")))
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.eye(3)
+    >>> out = shaw_attention(q, k, v, xp.zeros((5, 3)), xp.zeros((5, 3)))
+    >>> slow = shaw_attention(q, k, v, xp.zeros((5, 3)), method="definition")
+    >>> bool(xp.all(xp.abs(out - slow) < 1e-12))
     True
     """
-    _xp.array_namespace(q, k, v, key_table, value_table)
-    if value_table is not None and value_table.shape[-2] != key_table.shape[-2]:
-        msg = (
-            f"`value_table` must have as many rows as `key_table`, got shapes "
-            f"{tuple(value_table.shape)} and {tuple(key_table.shape)}"
-        )
-        raise ValueError(msg)
-    check_value_width(value_table, v)
-    position = softmax = None
-    binned: list[Any] = []
-    if _numpy_fast_path(q, k, key_table, method=method, beyond=beyond):
-        # NumPy: the clipped key term goes into the softmax block by block and the
-        # value bins are summed on the way (`clipped_table_softmax`), with no index and
-        # no (t_q, t_k) temporary; equal to the standard form up to rounding (tested).
-        check_table("key_table", key_table, q, width=q.shape[-1])
-        if value_table is not None:  # checked before the work, as shaw_values would after
-            check_table("value_table", value_table, q)
-        rel = table_logits(q, key_table)
-        k_max = _max_distance("key_table", key_table)
-
-        def softmax(content: Any, s: float, allowed: Any) -> Any:
-            fused = clipped_table_softmax(
-                content,
-                rel,
-                max_distance=k_max,
-                q_offset=q_offset,
-                scale=s,
-                allowed=allowed,
-                bins=value_table is not None,
-            )
-            if fused is None:  # the standard composition (a band wider than the keys, say)
-                index = shaw_index(
-                    *content.shape[-2:],
-                    max_distance=k_max,
-                    q_offset=q_offset,
-                    xp=_xp.array_namespace(q),
-                )
-                return _softmax_of_terms(
-                    content, scale=s, position=take_per_row(rel, index.index), allowed=allowed
-                )
-            weights, bins = fused
-            binned.append(bins)
-            return weights
-
-    else:
-        position = shaw_logits(
-            q, key_table, k.shape[-2], q_offset=q_offset, beyond=beyond, method=method
-        )
-    out, weights = _attention(
-        q,
-        k,
-        v,
-        scale=scale,
-        mask=mask,
-        causal=causal,
-        q_offset=q_offset,
-        bias=None,
-        position=position,
-        return_weights=True,
-        softmax=softmax,
+    call = shaw_call(
+        q, k, v, key_table, value_table, scale=scale, mask=mask, causal=causal,
+        q_offset=q_offset, beyond=beyond, method=method,
+    )
+    position = shaw_logits(
+        q, key_table, call.t_k, q_offset=call.q_offset, beyond=beyond, method=method
+    )
+    out, weights = attention(
+        q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
+        position=position, return_weights=True,
     )
     if value_table is not None:
-        if binned:  # NumPy: the bins came with the weights. bins @ a^V, as one GEMM for
-            # a shared table (table_logits reshapes for that), added into our own `out`.
-            out += table_logits(binned[0], value_table.swapaxes(-1, -2))
-        else:
-            out = out + shaw_values(
-                weights, value_table, q_offset=q_offset, beyond=beyond, method=method
-            )
-    return (out, weights) if return_weights else out
+        out = out + shaw_values(
+            weights, value_table, q_offset=call.q_offset, beyond=beyond, method=method
+        )
+    return (out, weights) if check_bool("return_weights", return_weights) else out

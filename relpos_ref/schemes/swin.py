@@ -19,10 +19,14 @@ from typing import Any
 from .. import _xp
 from .._validate import positive_int
 from ..attention import attention
+from ..calls import PLAIN, Call, resolve_call
 from ..positions import grid_positions
 from ._tables import check_table, gather_scalars
 
-__all__ = ["swin_attention", "swin_bias", "swin_index"]
+__all__ = ["DEFAULTS", "swin_attention", "swin_bias", "swin_call", "swin_index"]
+
+#: Swin's defaults: ``scale = 1/sqrt(d)``, not causal (window attention).
+DEFAULTS = PLAIN
 
 
 def swin_index(
@@ -46,11 +50,11 @@ def swin_index(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> swin_index(1, 3, xp=xp)  # one row: column offsets -2 .. 2 -> rows 0 .. 4
-    array([[2, 3, 4],
+    Array([[2, 3, 4],
            [1, 2, 3],
-           [0, 1, 2]])
+           [0, 1, 2]], dtype=array_api_strict.int64)
     """
     wh = positive_int("window_height", window_height)
     ww = positive_int("window_width", window_width)
@@ -75,10 +79,10 @@ def swin_bias(table: Any, /, window_height: int, window_width: int) -> Any:
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> swin_bias(xp.arange(3.0), 1, 2)
-    array([[1., 2.],
-           [0., 1.]])
+    Array([[1., 2.],
+           [0., 1.]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(table)
     wh = positive_int("window_height", window_height)
@@ -86,6 +90,46 @@ def swin_bias(table: Any, /, window_height: int, window_width: int) -> Any:
     n = (2 * wh - 1) * (2 * ww - 1)
     check_table("table", table, None, rows=n, rows_rule=" = (2Wh - 1)(2Ww - 1)", scalar=True)
     return gather_scalars(table, swin_index(wh, ww, xp=xp, device=_xp.device(table)))
+
+
+def swin_call(
+    q: Any,
+    k: Any,
+    v: Any,
+    table: Any,
+    /,
+    *,
+    window_height: int,
+    window_width: int,
+    scale: float | None,
+    mask: Any,
+) -> Call:
+    """Validate a `swin_attention` call and resolve its defaults (shared with the kernels).
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = xp.zeros((4, 8))
+    >>> swin_call(q, q, q, xp.zeros(9), window_height=2, window_width=2, scale=None,
+    ...           mask=None).scale
+    0.35355339059327373
+    """
+    call = resolve_call(
+        q, k, v, scale=scale, mask=mask, causal=False, q_offset=0, defaults=DEFAULTS,
+        tables=(table,),
+    )
+    wh = positive_int("window_height", window_height)
+    ww = positive_int("window_width", window_width)
+    n = (2 * wh - 1) * (2 * ww - 1)
+    check_table("table", table, q, rows=n, rows_rule=" = (2Wh - 1)(2Ww - 1)", scalar=True)
+    for name, x in (("q", q), ("k", k)):
+        if x.shape[-2] != wh * ww:
+            msg = (
+                f"`{name}` must have Wh * Ww = {wh * ww} tokens on axis -2, "
+                f"got shape {tuple(x.shape)}"
+            )
+            raise ValueError(msg)
+    return call
 
 
 def swin_attention(
@@ -113,8 +157,8 @@ def swin_attention(
     window_height, window_width : int
         Window size.
     scale, mask, return_weights
-        As in `relpos_ref.attention`; `mask` is boolean (``True`` = may
-        attend), e.g. the shifted-window mask.
+        As in `relpos_ref.attention` (defaults `DEFAULTS`); `mask` is boolean
+        (``True`` = may attend), e.g. the shifted-window mask.
 
     Returns
     -------
@@ -122,23 +166,16 @@ def swin_attention(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> q = k = v = np.eye(4)  # a 2 x 2 window
-    >>> out = swin_attention(q, k, v, np.zeros(9), window_height=2, window_width=2)
-    >>> out.shape
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.eye(4)  # a 2 x 2 window
+    >>> swin_attention(q, k, v, xp.zeros(9), window_height=2, window_width=2).shape
     (4, 4)
     """
-    _xp.array_namespace(q, k, v, table)
-    check_table("table", table, q, scalar=True)
-    tokens = positive_int("window_height", window_height) * positive_int(
-        "window_width", window_width
+    call = swin_call(
+        q, k, v, table, window_height=window_height, window_width=window_width, scale=scale,
+        mask=mask,
     )
-    for name, x in (("q", q), ("k", k)):
-        if x.shape[-2] != tokens:
-            msg = (
-                f"`{name}` must have Wh * Ww = {tokens} tokens on axis -2, "
-                f"got shape {tuple(x.shape)}"
-            )
-            raise ValueError(msg)
     bias = swin_bias(table, window_height, window_width)
-    return attention(q, k, v, scale=scale, mask=mask, bias=bias, return_weights=return_weights)
+    return attention(
+        q, k, v, scale=call.scale, mask=mask, bias=bias, return_weights=return_weights
+    )

@@ -25,16 +25,41 @@ bucket is exact for every distance.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
 from .. import _xp
-from .._validate import nonnegative_int, positive_int
+from .._validate import check_bool, nonnegative_int, positive_int
 from ..attention import attention
+from ..calls import Call, Defaults, resolve_call
 from ..positions import relative_positions
-from ._tables import bias_by_distance, check_table, count_reached, gather_scalars
+from ._tables import check_table, count_reached, gather_scalars
 
-__all__ = ["t5_attention", "t5_bias", "t5_bucket", "t5_bucket_boundaries"]
+__all__ = [
+    "DEFAULTS",
+    "t5_attention",
+    "t5_bias",
+    "t5_bucket",
+    "t5_bucket_boundaries",
+    "t5_call",
+    "unscaled",
+]
+
+
+def unscaled(d: int, tables: Sequence[Any] = ()) -> float:
+    """T5's scale rule: ``1`` whatever the width (the scale lives in the weights).
+
+    Examples
+    --------
+    >>> unscaled(64)
+    1.0
+    """
+    return 1.0
+
+
+#: T5's defaults: unscaled (``scale = 1``), not causal, start-aligned queries.
+DEFAULTS = Defaults(scale=unscaled)
 
 
 def _halves(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, int]:
@@ -118,12 +143,12 @@ def t5_bucket(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> r = xp.asarray([-200, -16, -15, -1, 0, 1, 7, 8, 200])
     >>> t5_bucket(r)
-    array([15, 10,  9,  1,  0, 17, 23, 24, 31])
+    Array([15, 10,  9,  1,  0, 17, 23, 24, 31], dtype=array_api_strict.int64)
     >>> t5_bucket(r, bidirectional=False)
-    array([31, 16, 15,  1,  0,  0,  0,  0,  0])
+    Array([31, 16, 15,  1,  0,  0,  0,  0,  0], dtype=array_api_strict.int64)
     """
     xp = _xp.array_namespace(r)
     n, max_exact = _halves(num_buckets, max_distance, bidirectional)
@@ -169,10 +194,10 @@ def t5_bias(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> b = xp.arange(8.0)  # 8 buckets: 0..3 past and present, 4..7 future
     >>> t5_bias(b, 1, 7, q_offset=3, max_distance=4)
-    array([[3., 2., 1., 0., 5., 6., 7.]])
+    Array([[3., 2., 1., 0., 5., 6., 7.]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(table)
     check_table("table", table, None, scalar=True)
@@ -186,6 +211,40 @@ def t5_bias(
     return gather_scalars(table, bucket)
 
 
+def t5_call(
+    q: Any,
+    k: Any,
+    v: Any,
+    table: Any,
+    /,
+    *,
+    scale: float | None,
+    mask: Any,
+    causal: bool | None,
+    q_offset: int | None,
+    bidirectional: bool,
+    max_distance: int,
+) -> Call:
+    """Validate a `t5_attention` call and resolve its defaults (shared with the kernels).
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.zeros((3, 4))
+    >>> t5_call(q, k, v, xp.zeros(32), scale=None, mask=None, causal=None, q_offset=None,
+    ...         bidirectional=True, max_distance=128).scale
+    1.0
+    """
+    call = resolve_call(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
+        tables=(table,),
+    )
+    check_table("table", table, q, scalar=True)
+    bidirectional = check_bool("bidirectional", bidirectional)
+    _halves(table.shape[-1], max_distance, bidirectional)
+    return call
+
+
 def t5_attention(
     q: Any,
     k: Any,
@@ -193,10 +252,10 @@ def t5_attention(
     table: Any,
     /,
     *,
-    scale: float | None = 1.0,
+    scale: float | None = None,
     mask: Any = None,
-    causal: bool = False,
-    q_offset: int = 0,
+    causal: bool | None = None,
+    q_offset: int | None = None,
     bidirectional: bool = True,
     max_distance: int = 128,
     return_weights: bool = False,
@@ -209,8 +268,9 @@ def t5_attention(
     ----------
     q, k, v : floating arrays ``(..., t_q, d)``, ``(..., t_k, d)``, ``(..., t_k, d_v)``
     table : floating array, ``(num_buckets,)`` or ``(h, num_buckets)``
-    scale : float or None, optional
-        ``1.0`` (T5's choice, the default); ``None`` gives ``1 / sqrt(d)``.
+    scale : float, optional
+        Default (``None``) ``1``, T5's choice (`DEFAULTS`); pass
+        ``1 / sqrt(d)`` explicitly for a scaled variant.
     mask, causal, q_offset, return_weights
         As in `relpos_ref.attention`.
     bidirectional, max_distance
@@ -223,36 +283,21 @@ def t5_attention(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> q = k = v = np.eye(2)
-    >>> out = t5_attention(q, k, v, np.zeros(32))
-    >>> bool(np.allclose(out, [[0.731, 0.269], [0.269, 0.731]], atol=1e-3))
-    True
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.eye(2)
+    >>> t5_attention(q, k, v, xp.zeros(32))
+    Array([[0.73105858, 0.26894142],
+           [0.26894142, 0.73105858]], dtype=array_api_strict.float64)
     """
-    _xp.array_namespace(q, k, v, table)
-    check_table("table", table, q, scalar=True)
-    bias = bias_by_distance(
-        lambda t_q, t_k, offset: t5_bias(
-            table,
-            t_q,
-            t_k,
-            q_offset=offset,
-            bidirectional=bidirectional,
-            max_distance=max_distance,
-        ),
-        q,
-        q.shape[-2],
-        k.shape[-2],
-        q_offset,
+    call = t5_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
+        bidirectional=bidirectional, max_distance=max_distance,
+    )
+    bias = t5_bias(
+        table, call.t_q, call.t_k, q_offset=call.q_offset, bidirectional=bidirectional,
+        max_distance=max_distance,
     )
     return attention(
-        q,
-        k,
-        v,
-        scale=scale,
-        mask=mask,
-        causal=causal,
-        q_offset=q_offset,
-        bias=bias,
-        return_weights=return_weights,
+        q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
+        bias=bias, return_weights=return_weights,
     )

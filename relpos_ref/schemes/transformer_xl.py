@@ -37,18 +37,26 @@ from typing import Any
 
 from .. import _xp
 from .._validate import as_float, as_int, nonnegative_int
-from ..attention import _attention, attention
+from ..attention import attention
+from ..calls import Call, Defaults, resolve_call
 from ..layouts import rel_shift
 from ..positions import relative_positions
-from ._tables import check_method, check_table, contract_rows, numpy_block_logits
+from ._tables import check_method, check_table, contract_rows
 from .rope import rope_frequencies
 
 __all__ = [
+    "DEFAULTS",
     "transformer_xl_attention",
+    "transformer_xl_call",
     "transformer_xl_distance",
     "transformer_xl_embedding",
     "transformer_xl_logits",
+    "transformer_xl_rows",
 ]
+
+#: Transformer-XL's defaults: ``scale = 1/sqrt(d)``, causal, queries after the memory
+#: (``q_offset = t_k - t_q``).
+DEFAULTS = Defaults(causal=True, q_offset="end")
 
 
 def _clamp_len(clamp_len: int | None) -> int | None:
@@ -94,13 +102,13 @@ def transformer_xl_distance(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> transformer_xl_distance(2, 5, xp=xp)  # memory of 3
-    array([[ 3,  2,  1,  0, -1],
-           [ 4,  3,  2,  1,  0]])
+    Array([[ 3,  2,  1,  0, -1],
+           [ 4,  3,  2,  1,  0]], dtype=array_api_strict.int64)
     >>> transformer_xl_distance(2, 5, clamp_len=2, xp=xp)
-    array([[ 2,  2,  1,  0, -1],
-           [ 2,  2,  2,  1,  0]])
+    Array([[ 2,  2,  1,  0, -1],
+           [ 2,  2,  2,  1,  0]], dtype=array_api_strict.int64)
     """
     t_q = nonnegative_int("t_q", t_q)
     t_k = nonnegative_int("t_k", t_k)
@@ -136,11 +144,11 @@ def transformer_xl_embedding(
 
     Examples
     --------
-    >>> import array_api_compat.numpy as xp
+    >>> import array_api_strict as xp
     >>> R = transformer_xl_embedding(xp.asarray([0, 1]), 4, dtype=xp.float64, base=100.0)
-    >>> R.round(4)  # ω = 1, 0.1
-    array([[0.    , 0.    , 1.    , 1.    ],
-           [0.8415, 0.0998, 0.5403, 0.995 ]])
+    >>> R  # ω = 1, 0.1
+    Array([[0.        , 0.        , 1.        , 1.        ],
+           [0.84147098, 0.09983342, 0.54030231, 0.99500417]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(delta)
     d_model = as_int("d_model", d_model)
@@ -180,9 +188,31 @@ def _per_head_vector(vector: Any) -> Any:
     return vector if vector.ndim == 1 else vector[:, None, :]
 
 
-def _projected_rows(delta: Any, w_r: Any, base: float) -> Any:
-    """``p_δ = R_δ W_R`` for every entry of `delta`: ``(*delta.shape, d)`` or per head."""
+def transformer_xl_rows(delta: Any, w_r: Any, /, *, base: float = 10000.0) -> Any:
+    r"""Projected sinusoids :math:`p_\delta = W_R^\top R_\delta` for every entry of `delta`.
+
+    Parameters
+    ----------
+    delta : integer array, any shape
+        Distances ``δ = -r`` (already clamped).
+    w_r : floating array, shape ``(d_model, d)`` or ``(h, d_model, d)``
+    base : float, optional
+        Frequency base of the sinusoids.
+
+    Returns
+    -------
+    array, shape ``(*delta.shape, d)`` or ``(h, *delta.shape, d)``
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> w_r = xp.eye(2)  # d_model = 2: p_δ = (sin δ, cos δ)
+    >>> transformer_xl_rows(xp.asarray([0, 1]), w_r)
+    Array([[0.        , 1.        ],
+           [0.84147098, 0.54030231]], dtype=array_api_strict.float64)
+    """
     xp = _xp.array_namespace(delta, w_r)
+    _xp.check_floating(xp, "w_r", w_r)
     embedding = transformer_xl_embedding(delta, w_r.shape[-2], dtype=w_r.dtype, base=base)
     if w_r.ndim == 2:
         return xp.matmul(embedding, w_r)
@@ -235,14 +265,15 @@ def transformer_xl_logits(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> rng = np.random.default_rng(0)
-    >>> q, k = rng.standard_normal((3, 4)), rng.standard_normal((5, 4))
-    >>> w_r, u, v = rng.standard_normal((6, 4)), rng.standard_normal(4), rng.standard_normal(4)
+    >>> import array_api_strict as xp
+    >>> q = xp.reshape(xp.arange(12.0), (3, 4)) / 12
+    >>> k = xp.reshape(xp.arange(20.0), (5, 4)) / 20
+    >>> w_r, u, v = xp.ones((6, 4)) / 6, xp.ones(4), xp.zeros(4)
     >>> fast = transformer_xl_logits(q, k, w_r, u, v)
     >>> fast.shape
     (3, 5)
-    >>> bool(np.allclose(fast, transformer_xl_logits(q, k, w_r, u, v, method="definition")))
+    >>> slow = transformer_xl_logits(q, k, w_r, u, v, method="definition")
+    >>> bool(xp.all(xp.abs(fast - slow) < 1e-12))
     True
     """
     xp = _xp.array_namespace(q, k, w_r, content_bias, position_bias)
@@ -258,30 +289,79 @@ def transformer_xl_logits(
         delta = transformer_xl_distance(
             t_q, t_k, q_offset=q_offset, clamp_len=clamp_len, xp=xp, device=dev
         )
-        out = contract_rows(query, _projected_rows(delta, w_r, base))
+        out = contract_rows(query, transformer_xl_rows(delta, w_r, base=base))
     else:
-        rows = _projected_rows(_grid_deltas(xp, t_q, t_k, q_offset, clamp_len, dev), w_r, base)
+        deltas = grid_distances(t_q, t_k, q_offset=q_offset, clamp_len=clamp_len, xp=xp,
+                                device=dev)
+        rows = transformer_xl_rows(deltas, w_r, base=base)
         out = rel_shift(xp.matmul(query, xp.matrix_transpose(rows)))[..., :t_k]
-    key_term = _key_term(k, content_bias)
-    return out if key_term is None else out + key_term
+    term_c = key_term(k, content_bias)
+    return out if term_c is None else out + term_c
 
 
-def _grid_deltas(xp: Any, t_q: int, t_k: int, q_offset: int, clamp_len: Any, dev: Any) -> Any:
-    # delta = -r for r = -(t_q - 1 + q_offset) .. t_k - 1 - q_offset, most distant past
-    # first, clamped to +-clamp_len: one entry per column of the efficient layout.
-    idx = _xp.index_dtype(xp, dev)
-    r = xp.arange(t_q + t_k - 1, dtype=idx, device=dev) - (t_q - 1 + q_offset)
+def grid_distances(
+    t_q: int, t_k: int, /, *, q_offset: int | None, clamp_len: int | None, xp: Any,
+    device: Any = None,
+) -> Any:
+    """``δ = -r`` for each distance of the grid, most distant past first, clamped.
+
+    One entry per column of the efficient layout: ``r = -(t_q - 1 + q_offset)
+    .. t_k - 1 - q_offset`` (shared with the kernels).
+    """
+    q_offset = _end_aligned(t_q, t_k, q_offset)
+    idx = _xp.index_dtype(xp, device)
+    r = xp.arange(max(t_q + t_k - 1, 0), dtype=idx, device=device) - (t_q - 1 + q_offset)
     c = _clamp_len(clamp_len)
     return -r if c is None else xp.clip(-r, -c, c)
 
 
-def _key_term(k: Any, content_bias: Any) -> Any:
-    # Term (c), u . k_j, as a (..., 1, t_k) row broadcast over the queries; None without u.
+def key_term(k: Any, content_bias: Any, /) -> Any:
+    """Term (c), ``u . k_j``, a ``(..., 1, t_k)`` row; ``None`` without ``u`` (kernels share it)."""
     if content_bias is None:
         return None
     xp = _xp.array_namespace(k, content_bias)
     u = content_bias[..., :, None]  # (d, 1) or (h, d, 1)
     return xp.matrix_transpose(xp.matmul(k, u))
+
+
+def transformer_xl_call(
+    q: Any,
+    k: Any,
+    v: Any,
+    w_r: Any,
+    content_bias: Any = None,
+    position_bias: Any = None,
+    /,
+    *,
+    scale: float | None,
+    mask: Any,
+    causal: bool | None,
+    q_offset: int | None,
+    clamp_len: int | None,
+    method: str,
+) -> Call:
+    """Validate a `transformer_xl_attention` call and resolve its defaults (kernels share it).
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q, k = xp.zeros((3, 4)), xp.zeros((7, 4))
+    >>> call = transformer_xl_call(q, k, k, xp.zeros((6, 4)), scale=None, mask=None,
+    ...                            causal=None, q_offset=None, clamp_len=None,
+    ...                            method="efficient")
+    >>> call.causal, call.q_offset
+    (True, 4)
+    """
+    call = resolve_call(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
+        tables=(w_r, content_bias, position_bias),
+    )
+    check_method(method)
+    _clamp_len(clamp_len)
+    _check_projection(w_r, q)
+    _check_bias("content_bias", content_bias, q)
+    _check_bias("position_bias", position_bias, q)
+    return call
 
 
 def transformer_xl_attention(
@@ -297,7 +377,7 @@ def transformer_xl_attention(
     base: float = 10000.0,
     scale: float | None = None,
     mask: Any = None,
-    causal: bool = True,
+    causal: bool | None = None,
     q_offset: int | None = None,
     method: str = "efficient",
     return_weights: bool = False,
@@ -323,10 +403,10 @@ def transformer_xl_attention(
     mask, return_weights
         As in `relpos_ref.attention`.
     causal : bool, optional
-        ``True`` (Transformer-XL's decoder mask, the default) or ``False``
-        (XLNet's bidirectional attention).
+        Default ``True`` (Transformer-XL's decoder mask); ``False`` for
+        XLNet's bidirectional attention.
     q_offset : int, optional
-        Position of query 0; default ``t_k - t_q``.
+        Position of query 0; default ``t_k - t_q`` (`DEFAULTS`).
 
     Returns
     -------
@@ -334,46 +414,23 @@ def transformer_xl_attention(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> rng = np.random.default_rng(1)
-    >>> q = rng.standard_normal((2, 3, 4))            # 2 heads, segment of 3
-    >>> k = v = rng.standard_normal((2, 7, 4))        # memory of 4, then the segment
-    >>> w_r, u, bv = rng.standard_normal((8, 4)), rng.standard_normal((2, 4)), np.zeros(4)
+    >>> import array_api_strict as xp
+    >>> q = xp.ones((2, 3, 4))               # 2 heads, segment of 3
+    >>> k = v = xp.ones((2, 7, 4))           # memory of 4, then the segment
+    >>> w_r, u, bv = xp.ones((8, 4)), xp.ones((2, 4)), xp.zeros(4)
     >>> out, w = transformer_xl_attention(q, k, v, w_r, u, bv, return_weights=True)
-    >>> out.shape, bool(np.all(w[:, 0, 5:] == 0))  # query 0 sits at position 4
+    >>> out.shape, bool(xp.all(w[:, 0, 5:] == 0))  # query 0 sits at position 4
     ((2, 3, 4), True)
     """
-    _xp.array_namespace(q, k, v, w_r, content_bias, position_bias)
-    t_q, t_k = q.shape[-2], k.shape[-2]
-    q_offset = _end_aligned(t_q, t_k, q_offset)
-    check_method(method)
-    numpy = _xp.all_numpy(q, k, w_r, content_bias, position_bias)
-    if method == "definition" or t_q == 0 or t_k == 0 or not numpy:
-        position = transformer_xl_logits(
-            q, k, w_r, content_bias, position_bias, q_offset=q_offset, clamp_len=clamp_len,
-            base=base, method=method,
-        )
-        return attention(
-            q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
-            position=position, return_weights=return_weights,
-        )
-    # NumPy: terms (b) + (d) one block of queries at a time from the t_q + t_k - 1 rows
-    # p_delta (no (t_q, t_q + t_k - 1) matrix, no rel_shift pass), term (c) per block.
-    _check_projection(w_r, q)
-    _check_bias("content_bias", content_bias, q)
-    _check_bias("position_bias", position_bias, q)
-    query = q if position_bias is None else q + _per_head_vector(position_bias)
-    xp = _xp.array_namespace(q)
-    p_delta = _projected_rows(_grid_deltas(xp, t_q, t_k, q_offset, clamp_len, None), w_r, base)
-    low = -(t_q - 1) - q_offset  # the distance of p_delta's first row
-    per_distance = numpy_block_logits(query, p_delta, t_k, q_offset=q_offset, low=low)
-    key_term = _key_term(k, content_bias)
-
-    def rows(a: int, b: int) -> Any:
-        term = per_distance(a, b)
-        return term if key_term is None else term + key_term
-
-    return _attention(
-        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, bias=None,
-        position=None, return_weights=return_weights, position_rows=rows,
+    call = transformer_xl_call(
+        q, k, v, w_r, content_bias, position_bias, scale=scale, mask=mask, causal=causal,
+        q_offset=q_offset, clamp_len=clamp_len, method=method,
+    )
+    position = transformer_xl_logits(
+        q, k, w_r, content_bias, position_bias, q_offset=call.q_offset, clamp_len=clamp_len,
+        base=base, method=method,
+    )
+    return attention(
+        q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
+        position=position, return_weights=return_weights,
     )

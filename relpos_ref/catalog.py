@@ -1,0 +1,283 @@
+"""Every scheme once: its tables, parameters, defaults and the functions to call.
+
+`relpos_ref.blocked`, `relpos_ref.golden`, the command line, the docs
+generator and the benchmarks read this catalog; none keeps a list of its own.
+An entry records what a reader needs to call a scheme without knowing it:
+
+- `Scheme.tables`, in the order its ``*_attention`` takes them, each with its
+  shape as a function of the scheme's `Scheme.sizes`;
+- `Scheme.options`, its keyword arguments besides the ones every attention
+  function takes, with their meaning (the defaults are read from the
+  function's signature, so they are written once);
+- `Scheme.defaults`, what ``None`` means for ``scale``, ``causal`` and
+  ``q_offset`` (the scheme module's ``DEFAULTS``);
+- uniform adapters over the scheme's own functions (`relpos_ref._adapters`):
+  ``check`` (through `Scheme.check_call`), ``terms``, ``values``, ``rotate``
+  and ``indices``.
+
+Examples
+--------
+>>> from relpos_ref import catalog
+>>> entry = catalog.get("shaw")
+>>> [t.name for t in entry.tables], entry.option_defaults()
+(['key_table', 'value_table'], {'beyond': 'clip'})
+>>> entry.table_shapes({"K": 4}, d=8, d_v=4)
+{'key_table': (9, 8), 'value_table': (9, 4)}
+>>> catalog.get("t5").defaults.scale(64, ())
+1.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import _adapters as ad
+from ._adapters import Terms
+from ._catalog_types import Option, Scheme, Size, Table
+from .attention import attention as plain_attention
+from .schemes import (
+    absolute,
+    alibi,
+    bias,
+    deberta,
+    general,
+    grid2d,
+    music,
+    rope,
+    shaw,
+    swin,
+    t5,
+    transformer_xl,
+)
+
+__all__ = [
+    "SCHEMES",
+    "Option",
+    "Scheme",
+    "Size",
+    "Table",
+    "Terms",
+    "get",
+    "names",
+    "tables_by_name",
+]
+
+
+_K = Size("K", "max_distance", 4, "the largest |r| with a row of its own")
+_BEYOND = Option("beyond", "distances beyond the table: 'clip', 'zero' or 'error'",
+                 ("clip", "zero", "error"), grid=True)
+
+
+def _two_sided(name: str, what: str, width: str | None) -> Table:
+    return Table(name, lambda s: 2 * s["K"] + 1, "2K + 1", width, f"{what}, row r + K")
+
+
+_ENTRIES = (
+    Scheme(
+        "plain", "attention without positions",
+        "softmax(s q k^T) v, the baseline every scheme adds a term to",
+        None, plain_attention, ad.plain_check, ad.no_terms, ad.distance, lambda p: "plain",
+    ),
+    Scheme(
+        "absolute", 'absolute key embeddings ("AbsPosEmb1D")',
+        "q . R[j], a learned row per key position",
+        absolute, absolute.absolute_attention, ad.absolute_check, ad.absolute_terms,
+        ad.absolute_indices, lambda p: f"R{p['rows'] or p['t_k']}",
+        sizes=(Size("rows", "t_max", None, "key positions with a row",
+                    fit=lambda t_q, t_k: t_k),),
+        tables=(Table("table", lambda s: s["rows"], "t_max", "d",
+                      "R, row j for key position j"),),
+        benchmark=lambda t: {"rows": t},
+    ),
+    Scheme(
+        "shaw", "Shaw et al. (2018)",
+        "q . a^K[clip(r)] added to the logits, sum_j w_ij a^V[clip(r)] to the outputs",
+        shaw, shaw.shaw_attention, ad.shaw_check, ad.shaw_terms, ad.two_sided_indices,
+        lambda p: f"K{p['K']}", sizes=(_K,),
+        tables=(_two_sided("key_table", "a^K", "d"),
+                Table("value_table", lambda s: 2 * s["K"] + 1, "2K + 1", "d_v",
+                      "a^V, row r + K", switch="values")),
+        options=(_BEYOND,), values=ad.shaw_values, benchmark=lambda t: {"K": 16},
+    ),
+    Scheme(
+        "bias", "a learned scalar per distance", "b[clip(r)] per head, added after scaling",
+        bias, bias.bias_attention, ad.bias_check, ad.bias_terms, ad.two_sided_indices,
+        lambda p: f"K{p['K']}", sizes=(_K,), tables=(_two_sided("table", "b", None),),
+        options=(_BEYOND,), benchmark=lambda t: {"K": 16},
+    ),
+    Scheme(
+        "music", "Huang et al. (2018), the Music Transformer",
+        "causal, q . E[r + M - 1] from a one-sided table, laid out by the skew",
+        music, music.music_attention, ad.music_check, ad.music_terms, ad.music_indices,
+        lambda p: f"M{p['M']}",
+        sizes=(Size("M", "length", 8, "rows for r = -(M - 1) .. 0",
+                    fit=lambda t_q, t_k: t_k),),
+        tables=(Table("table", lambda s: s["M"], "M", "d", "E, row r + M - 1"),
+                Table("value_table", lambda s: s["M"], "M", "d_v",
+                      "relative values, row r + M - 1", switch="values",
+                      switch_default=False)),
+        options=(_BEYOND,), values=ad.music_values, benchmark=lambda t: {"M": t},
+    ),
+    Scheme(
+        "general", "relative attention for any attention",
+        "q . E[r + t_max - 1] for self, cross, full or causal attention, t_q != t_k",
+        general, general.general_attention, ad.general_check, ad.general_terms,
+        ad.general_indices, lambda p: f"T{p['t_max']}",
+        sizes=(Size("t_max", "t_max", 8, "the longest sequence; 2 t_max - 1 rows",
+                    fit=lambda t_q, t_k: max(t_q, t_k, 1)),),
+        tables=(Table("table", lambda s: 2 * s["t_max"] - 1, "2 t_max - 1", "d",
+                      "E, row r + t_max - 1 (t_max - 1 - r, future to past)"),),
+        options=(Option("order", "row order of the table",
+                        ("past_to_future", "future_to_past"), grid=True),),
+        benchmark=lambda t: {"t_max": t},
+    ),
+    Scheme(
+        "grid2d", "Ramachandran et al. (2019), Bottleneck Transformers",
+        "row and column tables on an h x w grid of row-major tokens",
+        grid2d, grid2d.grid2d_attention, ad.grid2d_check, ad.grid2d_terms,
+        ad.grid2d_indices, lambda p: f"g{p['height']}x{p['width']}",
+        sizes=(Size("height", "height", 2, "grid rows"),
+               Size("width", "width", 2, "grid columns")),
+        tables=(Table("row_table", lambda s: 2 * s["height"] - 1, "2 height - 1", "d",
+                      "row distances, row dy + height - 1"),
+                Table("col_table", lambda s: 2 * s["width"] - 1, "2 width - 1", "d",
+                      "column distances, row dx + width - 1")),
+        options=(Option("height", "grid rows"), Option("width", "grid columns")),
+        grid=lambda s: s["height"] * s["width"],
+        benchmark=lambda t: {"height": 32, "width": t // 32, "per_head": True},
+    ),
+    Scheme(
+        "t5", "Raffel et al. (2020), T5",
+        "bucketed (exact, then log-spaced) scalar bias, bidirectional or causal, unscaled",
+        t5, t5.t5_attention, ad.t5_check, ad.t5_terms, ad.t5_indices,
+        lambda p: f"B{p['buckets']}-D{p['max_distance']}",
+        sizes=(Size("buckets", "num_buckets", 32, "buckets in all"),),
+        tables=(Table("table", lambda s: s["buckets"], "num_buckets", None,
+                      "b, one entry per bucket"),),
+        options=(Option("bidirectional", "False for causal (decoder) buckets", (True, False),
+                        grid=True),
+                 Option("max_distance", "where the log-spaced buckets end", grid=True,
+                        positive=True)),
+        benchmark=lambda t: {"buckets": 32},
+    ),
+    Scheme(
+        "alibi", "Press et al. (2022), ALiBi",
+        "-m_h |r| (or m_h r), geometric slopes for any head count",
+        alibi, alibi.alibi_attention, ad.alibi_check, ad.alibi_terms, ad.distance,
+        lambda p: "sym" if p["symmetric"] else "causal-form",
+        options=(Option("slopes", "one slope per head; default alibi_slopes(h)",
+                        case_parameter=False),
+                 Option("symmetric", "-m |r| (True) or the causal form m r", (True, False))),
+    ),
+    Scheme(
+        "swin", "Liu et al. (2021), Swin Transformer",
+        "a 2D relative bias table indexed by window coordinates",
+        swin, swin.swin_attention, ad.swin_check, ad.swin_terms, ad.swin_indices,
+        lambda p: f"w{p['height']}x{p['width']}",
+        sizes=(Size("height", "window_height", 2, "window rows"),
+               Size("width", "window_width", 2, "window columns")),
+        tables=(Table("table", lambda s: (2 * s["height"] - 1) * (2 * s["width"] - 1),
+                      "(2 Wh - 1)(2 Ww - 1)", None,
+                      "b, entry (dy + Wh - 1)(2 Ww - 1) + dx + Ww - 1"),),
+        options=(Option("window_height", "window rows"),
+                 Option("window_width", "window columns")),
+        grid=lambda s: s["height"] * s["width"],
+        benchmark=lambda t: {"height": 32, "width": t // 32},
+    ),
+    Scheme(
+        "rope", "Su et al. (2021), RoPE",
+        "rotation of q and k by their positions; interleaved and half-split pairs",
+        rope, rope.rope_attention, ad.rope_check, ad.no_terms, ad.distance,
+        lambda p: f"R{p['rotary_dim'] or p['d']}-{p['layout']}",
+        options=(Option("base", "frequency base"),
+                 Option("rotary_dim", "rotated features (even); default all"),
+                 Option("layout", "which features pair", ("half", "interleaved"))),
+        rotate=ad.rope_rotate,
+    ),
+    Scheme(
+        "transformer_xl", "Dai et al. (2019), Transformer-XL",
+        "q.k + q.W_R R_r + u.k + v.W_R R_r with sinusoids R, queries after a memory",
+        transformer_xl, transformer_xl.transformer_xl_attention, ad.txl_check,
+        ad.txl_terms, ad.txl_indices,
+        lambda p: f"R{p['d_model']}" + ("" if p["clamp_len"] is None else f"-C{p['clamp_len']}"),
+        sizes=(Size("d_model", "d_model", 8, "width of the sinusoids (even)"),),
+        tables=(Table("w_r", lambda s: s["d_model"], "d_model", "d",
+                      "W_R, the sinusoids' projection"),
+                Table("content_bias", lambda s: s["d"], "d", None, "u (r_w_bias)",
+                      switch="biases"),
+                Table("position_bias", lambda s: s["d"], "d", None, "v (r_r_bias)",
+                      switch="biases")),
+        options=(Option("clamp_len", "largest |r| with a sinusoid of its own", grid=True),
+                 Option("base", "frequency base of the sinusoids")),
+        benchmark=lambda t: {"d_model": 64, "per_head": True},
+    ),
+    Scheme(
+        "deberta", "He et al. (2021), DeBERTa",
+        "content-to-position and position-to-content terms with log buckets",
+        deberta, deberta.deberta_attention, ad.deberta_check, ad.deberta_terms,
+        ad.deberta_indices,
+        lambda p: f"S{p['span']}" + ("" if p["max_position"] is None
+                                     else f"-P{p['max_position']}"),
+        sizes=(Size("span", "span", 8, "S, the attention span; 2S rows"),),
+        tables=(Table("key_table", lambda s: 2 * s["span"], "2S", "d", "K^r (c2p)",
+                      switch="c2p"),
+                Table("query_table", lambda s: 2 * s["span"], "2S", "d", "Q^r (p2c)",
+                      switch="p2c")),
+        options=(Option("max_position", "log buckets up to this distance; None: exact",
+                        grid=True, positive=True),),
+        benchmark=lambda t: {"span": t // 4, "max_position": t // 2, "per_head": True},
+    ),
+)
+
+#: Every scheme by name, in catalog order; ``"plain"`` is attention without positions.
+SCHEMES: Mapping[str, Scheme] = {s.name: s for s in _ENTRIES}
+
+
+def names(*, plain: bool = False) -> list[str]:
+    """The names of the schemes in catalog order, plain attention first when asked.
+
+    Examples
+    --------
+    >>> names()[:4]
+    ['absolute', 'shaw', 'bias', 'music']
+    """
+    return [n for n in SCHEMES if plain or n != "plain"]
+
+
+def get(name: str) -> Scheme:
+    """The entry called `name`; a `ValueError` listing the names otherwise.
+
+    Examples
+    --------
+    >>> get("music").defaults.causal
+    True
+    """
+    try:
+        return SCHEMES[name]
+    except (KeyError, TypeError):
+        listed = ", ".join(repr(n) for n in SCHEMES)
+        msg = f"`scheme` must be one of {listed}, got {name!r}"
+        raise ValueError(msg) from None
+
+
+def tables_by_name(entry: Scheme, tables: Sequence[Any]) -> dict[str, Any]:
+    """A call's positional tables by name; a `TypeError` for too many or a missing one.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> sorted(tables_by_name(get("shaw"), [np.zeros((3, 2))]))
+    ['key_table']
+    """
+    if len(tables) > len(entry.tables):
+        listed = ", ".join(t.name for t in entry.tables) or "none"
+        msg = (f"scheme {entry.name!r} takes at most {len(entry.tables)} table(s) ({listed}), "
+               f"got {len(tables)}")
+        raise TypeError(msg)
+    named = {t.name: a for t, a in zip(entry.tables, tables, strict=False) if a is not None}
+    for t in entry.tables:
+        if t.required and t.name not in named:
+            msg = f"scheme {entry.name!r} needs `{t.name}`"
+            raise TypeError(msg)
+    return named

@@ -1,0 +1,151 @@
+"""The kernels wing: fast implementations per array library, and the one dispatcher.
+
+The specification (`relpos_ref.schemes`, `relpos_ref.attention`) is array-API
+code only. Beside it, each array library may have a module here,
+``relpos_ref.kernels.<library>``, loaded the first time an array of that
+library arrives, whose ``KERNELS`` maps a scheme of `relpos_ref.catalog` to a
+function with the signature of the scheme's ``*_attention``. A kernel computes
+what the specification computes (the tests prove it, up to the rounding of a
+reordered sum) or returns ``NotImplemented``, which hands the call to the
+specification: an option it does not cover (``method="definition"``, say), an
+array type it does not know.
+
+The public functions of `relpos_ref` are the specification's behind
+`dispatched`; this is the only place that knows both. ``RELPOS_KERNELS=0`` in
+the environment, or the context manager `disabled`, makes every call run the
+specification.
+
+Examples
+--------
+>>> import numpy as np
+>>> import relpos_ref as rp
+>>> from relpos_ref import kernels
+>>> q = k = v = np.eye(3)
+>>> fast = rp.attention(q, k, v)
+>>> with kernels.disabled():
+...     spec = rp.attention(q, k, v)
+>>> bool(np.allclose(fast, spec))
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import importlib
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from .. import _xp
+
+__all__ = ["ENV_VAR", "LIBRARIES", "disabled", "dispatched", "enabled", "kernel_for", "kernels"]
+
+#: ``RELPOS_KERNELS=0`` runs the specification everywhere.
+ENV_VAR = "RELPOS_KERNELS"
+
+#: Array library (the top-level module of its array type) -> its kernels module here.
+LIBRARIES: Mapping[str, str] = {"numpy": "numpy"}
+
+_DISABLED: contextvars.ContextVar[int] = contextvars.ContextVar("relpos_kernels_off", default=0)
+
+
+def enabled() -> bool:
+    """Whether calls may use a kernel: outside `disabled`, and the variable `ENV_VAR` not 0.
+
+    Examples
+    --------
+    >>> with disabled():
+    ...     enabled()
+    False
+    """
+    return _DISABLED.get() == 0 and os.environ.get(ENV_VAR, "1").strip() != "0"
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run every call inside the block on the specification (nests; thread and task local).
+
+    Examples
+    --------
+    >>> with disabled():
+    ...     print(enabled())
+    False
+    """
+    token = _DISABLED.set(_DISABLED.get() + 1)
+    try:
+        yield
+    finally:
+        _DISABLED.reset(token)
+
+
+@functools.cache
+def kernels(library: str) -> Mapping[str, Callable[..., Any]]:
+    """The kernels of an array library by scheme name (empty when it has none).
+
+    Examples
+    --------
+    >>> sorted(kernels("numpy"))[:3]
+    ['absolute', 'alibi', 'bias']
+    >>> dict(kernels("array_api_strict"))
+    {}
+    """
+    module = LIBRARIES.get(library)
+    if module is None:
+        return {}
+    return importlib.import_module(f"{__name__}.{module}").KERNELS
+
+
+def kernel_for(scheme: str, arrays: tuple[Any, ...]) -> Callable[..., Any] | None:
+    """The kernel for `scheme` on the library of `arrays`, or ``None``.
+
+    ``None`` when kernels are disabled, when the arrays come from several
+    libraries (the specification then says so) or when the library has no
+    kernel for the scheme. Non-array arguments are ignored.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> kernel_for("shaw", (np.zeros(2), 3, None)) is not None
+    True
+    >>> with disabled():
+    ...     kernel_for("shaw", (np.zeros(2),)) is None
+    True
+    """
+    if not enabled():
+        return None
+    libraries = {_xp.library_name(a) for a in arrays if _is_array(a)}
+    if len(libraries) != 1:
+        return None
+    return kernels(libraries.pop()).get(scheme)
+
+
+def _is_array(x: Any) -> bool:
+    return x is not None and hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def dispatched(scheme: str, spec: Callable[..., Any]) -> Callable[..., Any]:
+    """`spec` behind the dispatcher: a kernel for the arrays' library if one applies.
+
+    The result has the specification's name, signature and docstring; its
+    ``__wrapped__`` is `spec`.
+
+    Examples
+    --------
+    >>> from relpos_ref.schemes import bias_attention
+    >>> public = dispatched("bias", bias_attention)
+    >>> public.__wrapped__ is bias_attention, public.__name__
+    (True, 'bias_attention')
+    """
+
+    @functools.wraps(spec)
+    def public(*args: Any, **kwargs: Any) -> Any:
+        chosen = kernel_for(scheme, (*args, *kwargs.values()))
+        if chosen is not None:
+            out = chosen(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        return spec(*args, **kwargs)
+
+    return public

@@ -1,0 +1,398 @@
+"""NumPy kernels: each scheme's attention, equal to the specification, in less time.
+
+Every kernel takes the arguments of the scheme's ``*_attention``, validates
+them with the scheme's own ``<scheme>_call`` (so bad input gets the
+specification's message), and returns ``NotImplemented`` for what it does
+not cover: arrays that are not plain ``numpy.ndarray``, ``method="definition"``
+(the specification's own algorithm by definition), and the few cases named
+below. What they share (`relpos_ref.kernels._numpy_blocks`):
+
+- ``q k^T`` once, into an array the kernel owns, then the softmax composed
+  and normalized in place, one row block in cache at a time, the mask and
+  the causal structure applied per block (no ``(t_q, t_k)`` boolean); under
+  ``causal`` a block computes only the keys one of its rows may see;
+- a scheme's term one row block at a time where it can be (the per-distance
+  products of general, music and Transformer-XL; DeBERTa's gathers; the 2D
+  grid's row and column terms), or as a read-only view of one row of
+  distances (scalar biases), so that no ``(h, t_q, t_k)`` term is built;
+- Shaw's clipped table fused into the softmax, its relative values binned on
+  the way (`clipped_table_softmax`).
+
+The results are fresh arrays, like the specification's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .._validate import check_bool
+from ..calls import Call, check_terms, resolve_call
+from ..schemes import (
+    absolute,
+    alibi,
+    bias,
+    deberta,
+    general,
+    grid2d,
+    music,
+    rope,
+    shaw,
+    swin,
+    t5,
+    transformer_xl,
+)
+from ..schemes._tables import table_logits
+from ._numpy_blocks import (
+    AddRows,
+    block_logits,
+    clipped_table_softmax,
+    distance_view,
+    softmax_in_place,
+)
+from ._numpy_terms import deberta_terms, grid_terms, one_sided_rows, window_bias
+
+__all__ = ["KERNELS"]
+
+#: Scheme name (as in `relpos_ref.catalog`) -> its NumPy kernel.
+KERNELS: dict[str, Callable[..., Any]] = {}
+
+
+def _register(scheme: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def add(kernel: Callable[..., Any]) -> Callable[..., Any]:
+        KERNELS[scheme] = kernel
+        return kernel
+
+    return add
+
+
+def _ndarrays(*arrays: Any) -> bool:
+    return all(a is None or type(a) is np.ndarray for a in arrays)
+
+
+def _scores(q: np.ndarray, k: np.ndarray, *terms: Any) -> np.ndarray:
+    # q k^T as a fresh C-contiguous array of the full broadcast shape of every term.
+    content = np.matmul(q, np.swapaxes(k, -1, -2))
+    shape = np.broadcast_shapes(content.shape, *(t.shape for t in terms if t is not None))
+    if shape != content.shape or not content.flags.c_contiguous:
+        content = np.array(np.broadcast_to(content, shape), order="C")
+    return content
+
+
+def _attend(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    call: Call,
+    *,
+    mask: Any,
+    return_weights: Any,
+    position: Any = None,
+    bias: Any = None,
+    add_position: AddRows | None = None,
+    add_bias: AddRows | None = None,
+) -> Any:
+    return_weights = check_bool("return_weights", return_weights)
+    weights = softmax_in_place(
+        _scores(q, k, mask, position, bias),
+        scale=call.scale,
+        position=position,
+        add_position=add_position,
+        bias=bias,
+        add_bias=add_bias,
+        mask=mask,
+        causal=call.causal,
+        q_offset=call.q_offset,
+    )
+    out = np.matmul(weights, v)
+    return (out, weights) if return_weights else out
+
+
+def _by_distance(term_of_grid: Callable[[int, int, int], Any], call: Call) -> Any:
+    # A term of the distance alone, evaluated on the grid's t_q + t_k - 1 distances
+    # (one query whose offset makes them run from the smallest to the largest) and laid
+    # out as a Toeplitz view: equal entry for entry to the full evaluation.
+    t_q, t_k = call.t_q, call.t_k
+    if t_q == 0 or t_k == 0:
+        return term_of_grid(t_q, t_k, call.q_offset)
+    r_min = -(t_q - 1) - call.q_offset
+    row = term_of_grid(1, t_q + t_k - 1, -r_min)
+    return distance_view(row[..., 0, :], t_q, t_k)
+
+
+# -- plain attention and the schemes that only add a term -------------------
+
+
+@_register("plain")
+def attention(
+    q, k, v, /, *, scale=None, mask=None, causal=None, q_offset=None, bias=None, position=None,
+    return_weights=False,
+):
+    if not _ndarrays(q, k, v, mask, bias, position):
+        return NotImplemented
+    call = resolve_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset)
+    check_terms(q, call, bias=bias, position=position)
+    return _attend(
+        q, k, v, call, mask=mask, position=position, bias=bias, return_weights=return_weights
+    )
+
+
+@_register("absolute")
+def absolute_attention(
+    q, k, v, table, /, *, scale=None, mask=None, causal=None, q_offset=None,
+    return_weights=False,
+):
+    if not _ndarrays(q, k, v, table, mask):
+        return NotImplemented
+    call = absolute.absolute_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset
+    )
+    # q . k_j + q . R_j = q . (k_j + R_j): the term rides along in the one GEMM.
+    keys = k + table[..., : call.t_k, :]
+    return _attend(q, keys, v, call, mask=mask, return_weights=return_weights)
+
+
+@_register("rope")
+def rope_attention(
+    q, k, v, /, *, base=10000.0, rotary_dim=None, layout="half", scale=None, mask=None,
+    causal=None, q_offset=None, return_weights=False,
+):
+    if not _ndarrays(q, k, v, mask):
+        return NotImplemented
+    call = rope.rope_call(
+        q, k, v, base=base, rotary_dim=rotary_dim, layout=layout, scale=scale, mask=mask,
+        causal=causal, q_offset=q_offset,
+    )
+    opts = {"base": base, "rotary_dim": rotary_dim, "layout": layout}
+    q_rot = rope.rope_rotate(q, offset=call.q_offset, **opts)
+    k_rot = rope.rope_rotate(k, offset=0, **opts)
+    return _attend(q_rot, k_rot, v, call, mask=mask, return_weights=return_weights)
+
+
+@_register("swin")
+def swin_attention(
+    q, k, v, table, /, *, window_height, window_width, scale=None, mask=None,
+    return_weights=False,
+):
+    if not _ndarrays(q, k, v, table, mask):
+        return NotImplemented
+    call = swin.swin_call(
+        q, k, v, table, window_height=window_height, window_width=window_width, scale=scale,
+        mask=mask,
+    )
+    add = window_bias(table, window_height, window_width)
+    return _attend(q, k, v, call, mask=mask, add_bias=add, return_weights=return_weights)
+
+
+@_register("grid2d")
+def grid2d_attention(
+    q, k, v, row_table, col_table, /, *, height, width, scale=None, mask=None, causal=None,
+    method="efficient", return_weights=False,
+):
+    if not _ndarrays(q, k, v, row_table, col_table, mask):
+        return NotImplemented
+    call = grid2d.grid2d_call(
+        q, k, v, row_table, col_table, height=height, width=width, scale=scale, mask=mask,
+        causal=causal, method=method,
+    )
+    if method != "efficient":
+        return NotImplemented
+    add = grid_terms(q, row_table, col_table, height=height, width=width)
+    return _attend(q, k, v, call, mask=mask, add_position=add, return_weights=return_weights)
+
+
+# -- scalar biases: one row of distances, laid out as a view ----------------
+
+
+@_register("bias")
+def bias_attention(
+    q, k, v, table, /, *, scale=None, mask=None, causal=None, q_offset=None, beyond="clip",
+    return_weights=False,
+):
+    if not _ndarrays(q, k, v, table, mask):
+        return NotImplemented
+    call = bias.bias_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, beyond=beyond
+    )
+    term = _by_distance(
+        lambda t_q, t_k, off: bias.bias_logits(table, t_q, t_k, q_offset=off, beyond=beyond),
+        call,
+    )
+    return _attend(q, k, v, call, mask=mask, bias=term, return_weights=return_weights)
+
+
+@_register("t5")
+def t5_attention(
+    q, k, v, table, /, *, scale=None, mask=None, causal=None, q_offset=None, bidirectional=True,
+    max_distance=128, return_weights=False,
+):
+    if not _ndarrays(q, k, v, table, mask):
+        return NotImplemented
+    call = t5.t5_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
+        bidirectional=bidirectional, max_distance=max_distance,
+    )
+    term = _by_distance(
+        lambda t_q, t_k, off: t5.t5_bias(
+            table, t_q, t_k, q_offset=off, bidirectional=bidirectional, max_distance=max_distance
+        ),
+        call,
+    )
+    return _attend(q, k, v, call, mask=mask, bias=term, return_weights=return_weights)
+
+
+@_register("alibi")
+def alibi_attention(
+    q, k, v, /, *, slopes=None, symmetric=True, scale=None, mask=None, causal=None,
+    q_offset=None, return_weights=False,
+):
+    if not _ndarrays(q, k, v, slopes, mask):
+        return NotImplemented
+    call, slopes = alibi.alibi_call(
+        q, k, v, slopes=slopes, symmetric=symmetric, scale=scale, mask=mask, causal=causal,
+        q_offset=q_offset,
+    )
+    term = _by_distance(
+        lambda t_q, t_k, off: alibi.alibi_bias(slopes, t_q, t_k, q_offset=off,
+                                               symmetric=symmetric),
+        call,
+    )
+    return _attend(q, k, v, call, mask=mask, bias=term, return_weights=return_weights)
+
+
+# -- per-distance tables: one GEMM per row block ------------------------------
+
+
+@_register("general")
+def general_attention(
+    q, k, v, table, /, *, scale=None, mask=None, causal=None, q_offset=None,
+    order="past_to_future", method="efficient", return_weights=False,
+):
+    if not _ndarrays(q, k, v, table, mask):
+        return NotImplemented
+    call = general.general_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, order=order,
+        method=method,
+    )
+    if method != "efficient":
+        return NotImplemented
+    t_max = (table.shape[-2] + 1) // 2
+    ordered = table if order == "past_to_future" else table[..., ::-1, :]
+    add = block_logits(q, ordered, q_offset=call.q_offset, low=1 - t_max)
+    return _attend(q, k, v, call, mask=mask, add_position=add, return_weights=return_weights)
+
+
+@_register("music")
+def music_attention(
+    q, k, v, table, value_table=None, /, *, scale=None, mask=None, causal=None, q_offset=None,
+    beyond="clip", method="efficient", return_weights=False,
+):
+    if not _ndarrays(q, k, v, table, value_table, mask):
+        return NotImplemented
+    call = music.music_call(
+        q, k, v, table, value_table, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
+        beyond=beyond, method=method,
+    )
+    if method != "efficient" or call.t_q * call.t_k == 0:
+        return NotImplemented
+    r_min = -(call.t_q - 1) - call.q_offset
+    extended = one_sided_rows(table, r_min, call.t_k - 1 - call.q_offset, beyond)
+    add = block_logits(q, extended, q_offset=call.q_offset, low=r_min)
+    return_weights = check_bool("return_weights", return_weights)
+    out, weights = _attend(q, k, v, call, mask=mask, add_position=add, return_weights=True)
+    if value_table is not None:
+        out = out + music.music_values(weights, value_table, q_offset=call.q_offset,
+                                       beyond=beyond)
+    return (out, weights) if return_weights else out
+
+
+@_register("transformer_xl")
+def transformer_xl_attention(
+    q, k, v, w_r, content_bias=None, position_bias=None, /, *, clamp_len=None, base=10000.0,
+    scale=None, mask=None, causal=None, q_offset=None, method="efficient", return_weights=False,
+):
+    if not _ndarrays(q, k, v, w_r, content_bias, position_bias, mask):
+        return NotImplemented
+    call = transformer_xl.transformer_xl_call(
+        q, k, v, w_r, content_bias, position_bias, scale=scale, mask=mask, causal=causal,
+        q_offset=q_offset, clamp_len=clamp_len, method=method,
+    )
+    if method != "efficient" or call.t_q * call.t_k == 0:
+        return NotImplemented
+    # Terms (b) + (d) from the t_q + t_k - 1 projected sinusoids, one block at a time (no
+    # (t_q, t_q + t_k - 1) matrix, no rel_shift pass); term (c) added per block.
+    import array_api_compat.numpy as xp
+
+    deltas = transformer_xl.grid_distances(
+        call.t_q, call.t_k, q_offset=call.q_offset, clamp_len=clamp_len, xp=xp
+    )
+    p_delta = transformer_xl.transformer_xl_rows(deltas, w_r, base=base)
+    query = q if position_bias is None else q + transformer_xl._per_head_vector(position_bias)
+    add_per_distance = block_logits(
+        query, p_delta, q_offset=call.q_offset, low=-(call.t_q - 1) - call.q_offset
+    )
+    term_c = transformer_xl.key_term(k, content_bias)
+
+    def add(live: np.ndarray, a: int) -> None:
+        add_per_distance(live, a)
+        if term_c is not None:
+            live += term_c[..., : live.shape[-1]]
+
+    return _attend(q, k, v, call, mask=mask, add_position=add, return_weights=return_weights)
+
+
+@_register("deberta")
+def deberta_attention(
+    q, k, v, key_table=None, query_table=None, /, *, max_position=None, scale=None, mask=None,
+    causal=None, q_offset=None, method="efficient", return_weights=False,
+):
+    if not _ndarrays(q, k, v, key_table, query_table, mask):
+        return NotImplemented
+    call = deberta.deberta_call(
+        q, k, v, key_table, query_table, max_position=max_position, scale=scale, mask=mask,
+        causal=causal, q_offset=q_offset, method=method,
+    )
+    tables = [t for t in (key_table, query_table) if t is not None]
+    if method != "efficient" or call.t_q * call.t_k == 0 or not tables:
+        return NotImplemented
+    add = deberta_terms(q, k, key_table, query_table, call, max_position)
+    return _attend(q, k, v, call, mask=mask, add_position=add, return_weights=return_weights)
+
+
+# -- Shaw: the clipped table fused into the softmax ---------------------------
+
+
+@_register("shaw")
+def shaw_attention(
+    q, k, v, key_table, value_table=None, /, *, scale=None, mask=None, causal=None,
+    q_offset=None, beyond="clip", method="efficient", return_weights=False,
+):
+    if not _ndarrays(q, k, v, key_table, value_table, mask):
+        return NotImplemented
+    call = shaw.shaw_call(
+        q, k, v, key_table, value_table, scale=scale, mask=mask, causal=causal,
+        q_offset=q_offset, beyond=beyond, method=method,
+    )
+    return_weights = check_bool("return_weights", return_weights)
+    if method != "efficient" or beyond != "clip":
+        return NotImplemented
+    fused = clipped_table_softmax(
+        _scores(q, k, mask),
+        table_logits(q, key_table),
+        max_distance=(key_table.shape[-2] - 1) // 2,
+        q_offset=call.q_offset,
+        scale=call.scale,
+        mask=mask,
+        causal=call.causal,
+        bins=value_table is not None,
+    )
+    if fused is None:  # a band wider than the keys, or table logits that could overflow
+        return NotImplemented
+    weights, bins = fused
+    out = np.matmul(weights, v)
+    if value_table is not None:  # bins @ a^V, one GEMM for a shared table
+        values = table_logits(bins, np.swapaxes(value_table, -1, -2))
+        out = out + values if values.shape != out.shape else np.add(out, values, out=out)
+    return (out, weights) if return_weights else out
