@@ -19,6 +19,7 @@ import worked
 from matplotlib.ticker import MaxNLocator
 
 import relpos_ref as rp
+from relpos_ref import catalog
 
 T = 12  # sequence length of the scheme figures
 D = 8  # head width of the scheme figures
@@ -105,99 +106,69 @@ def layout_figure(name: str, path: Path) -> None:
     )
 
 
-def _qkv(seed: int = 0):
-    rng = np.random.default_rng(seed)
-    return (
-        rng.standard_normal((2, T, D)),
-        rng.standard_normal((2, T, D)),
-        rng.standard_normal((2, T, D)),
-        rng,
-    )
+#: Each scheme's figure: a grid of T positions (a 3 x 4 grid for the 2D schemes), and the
+#: sizes and options shown in the panel titles (docs content).
+FIGURES = {
+    "absolute": {"t_q": T, "t_k": T},
+    "shaw": {"t_q": T, "t_k": T, "K": 4},
+    "bias": {"t_q": T, "t_k": T, "K": 4},
+    "music": {"t_q": T, "t_k": T, "M": T},
+    "general": {"t_q": T, "t_k": T, "t_max": T},
+    "grid2d": {"height": 3, "width": 4},
+    "t5": {"t_q": T, "t_k": T, "buckets": 8, "max_distance": 8},
+    "alibi": {"t_q": T, "t_k": T},
+    "rope": {"t_q": T, "t_k": T},
+    "swin": {"height": 3, "width": 4},
+    "transformer_xl": {"t_q": T - 4, "t_k": T, "d_model": 16},
+    "deberta": {"t_q": T, "t_k": T, "span": 4, "max_position": 8},
+}
 
 
 def scheme_panels(name: str) -> list[tuple[np.ndarray, str]]:
-    """What the scheme adds, and the attention weights of head 0, on one example."""
-    q, k, v, rng = _qkv()
-    if name == "absolute":
-        table = rng.standard_normal((T, D))
-        term = rp.absolute_logits(q, table, T)
-        _, w = rp.absolute_attention(q, k, v, table, return_weights=True)
-        return [(term[0], "q_i . R[j]"), (w[0], "weights")]
-    if name == "shaw":
-        table = rng.standard_normal((9, D))
-        term = rp.shaw_logits(q, table, T)
-        _, w = rp.shaw_attention(q, k, v, table, rng.standard_normal((9, D)), return_weights=True)
-        idx = rp.shaw_index(T, T, max_distance=4, xp=xp).index
-        return [(idx, "row clip(r, -4, 4) + 4"), (term[0], "q_i . a^K[row]"), (w[0], "weights")]
-    if name == "bias":
-        table = np.linspace(-2.0, 2.0, 9)[None, :].repeat(2, axis=0)
-        bias = rp.bias_logits(table, T, T)
-        _, w = rp.bias_attention(q, k, v, table, return_weights=True)
-        return [(bias[0], "b[clip(r, -4, 4)]"), (w[0], "weights")]
-    if name == "music":
-        table = rng.standard_normal((T, D))
-        term = rp.music_logits(q, table, T)
-        _, w = rp.music_attention(q, k, v, table, return_weights=True)
-        return [
-            (np.where(np.tril(np.ones((T, T))) > 0, term[0], np.nan), "q_i . E[r + L - 1]"),
-            (w[0], "weights (causal)"),
-        ]
-    if name == "general":
-        table = rng.standard_normal((2 * T - 1, D))
-        idx = rp.general_index(T, T, t_max=T, xp=xp)
-        _, w = rp.general_attention(q, k, v, table, return_weights=True)
-        return [(idx, "row r + t_max - 1"), (w[0], "weights")]
-    if name == "grid2d":
-        rows, cols = rp.grid2d_index(3, 4, xp=xp)
-        qg, kg, vg = (a[:, :12] for a in (q, k, v))
-        _, w = rp.grid2d_attention(
-            qg,
-            kg,
-            vg,
-            rng.standard_normal((5, D)),
-            rng.standard_normal((7, D)),
-            height=3,
-            width=4,
-            return_weights=True,
-        )
-        return [(rows, "row-table row (3 x 4 grid)"), (cols, "column-table row"), (w[0], "weights")]
-    if name == "t5":
-        r = rp.relative_positions(T, T, xp=xp)
-        bucket = rp.t5_bucket(r, num_buckets=8, max_distance=8)
-        table = rng.standard_normal((2, 8))
-        _, w = rp.t5_attention(q, k, v, table, max_distance=8, return_weights=True)
-        return [(bucket, "bucket (8 buckets, max distance 8)"), (w[0], "weights")]
-    if name == "alibi":
-        slopes = np.asarray(rp.alibi_slopes(2))
-        bias = rp.alibi_bias(slopes, T, T)
-        _, w = rp.alibi_attention(q, k, v, return_weights=True)
-        return [(bias[0], f"-m |r|, m = {slopes[0]:g}"), (w[0], "weights")]
-    if name == "rope":
-        rq = rp.rope_rotate(q)
-        rk = rp.rope_rotate(k)
-        _, w = rp.rope_attention(q, k, v, return_weights=True)
-        return [(rq[0] @ rk[0].T, "rotated q_i . rotated k_j"), (w[0], "weights")]
-    if name == "swin":
-        idx = rp.swin_index(3, 4, xp=xp)
-        table = rng.standard_normal((2, 5 * 7))
-        qs, ks, vs = (a[:, :12] for a in (q, k, v))
-        _, w = rp.swin_attention(
-            qs, ks, vs, table, window_height=3, window_width=4, return_weights=True
-        )
-        return [(idx, "table row (3 x 4 window)"), (w[0], "weights")]
-    if name == "transformer_xl":
-        qx = q[:, 4:]
-        w_r = rng.standard_normal((16, D)) / 4
-        delta = rp.transformer_xl_distance(T - 4, T, xp=xp)
-        _, w = rp.transformer_xl_attention(qx, k, v, w_r, return_weights=True)
-        return [(delta, "δ = (i + 4) - j (memory of 4)"), (w[0], "weights (causal)")]
-    if name == "deberta":
-        idx = rp.deberta_index(T, T, span=4, max_position=8, xp=xp)
-        kt, qt = rng.standard_normal((8, D)), rng.standard_normal((8, D))
-        _, w = rp.deberta_attention(q, k, v, kt, qt, max_position=8, return_weights=True)
-        return [(idx, "row (S = 4, max_position 8)"), (w[0], "weights")]
-    msg = f"no figure for scheme {name!r}"
-    raise ValueError(msg)
+    """The integers each pair reads, the scheme's term and the weights of head 0.
+
+    Everything through `relpos_ref.catalog`: the tables' shapes, the index
+    tables (`indices`), the term (`terms`, or RoPE's rotated product) and the
+    scheme's attention function on the example of `FIGURES`.
+    """
+    entry = catalog.get(name)
+    call = worked.example_call(name, FIGURES[name])
+    t_q, t_k, off = call["t_q"], call["t_k"], call["q_offset"]
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, n, D)) for n in (t_q, t_k, t_k))
+    sizes = call["sizes"]
+    tables = {n: rng.standard_normal(shape) / 2
+              for n, shape in entry.table_shapes(sizes, d=D, d_v=D).items()}
+    options = call["options"]
+    shown = [f"{s.name} {sizes[s.key]}" for s in entry.sizes]
+    shown += [f"{o.name} {options[o.name]}" for o in entry.options
+              if o.grid and options.get(o.name) is not None and o.name not in
+              {s.name for s in entry.sizes}]
+    what = ", ".join(shown)
+    panels = []
+    found = entry.indices(xp, None, t_q=t_q, t_k=t_k, q_offset=off, sizes=sizes,
+                          options=options)
+    for key, value in found.items():
+        if key not in ("distance", "valid") or len(found) == 1:
+            panels.append((np.asarray(value), f"{key} ({what})" if what else key))
+    if entry.rotate is not None:
+        rq, rk = entry.rotate(q, k, q_offset=off, options=options)
+        panels.append((np.asarray(rq[0] @ rk[0].T), "rotated q_i . rotated k_j"))
+    _, full = entry.check_call(q, k, v, tables, options=options)
+    position, bias = entry.terms(q, k, tables, q_offset=off, i0=0, j0=0, options=full,
+                                 method="efficient")
+    for term, title in ((position, "position term"), (bias, "bias")):
+        if term is not None:
+            panels.append((np.broadcast_to(np.asarray(term), (2, t_q, t_k))[0], f"{title}, head 0"))
+    kwargs = {"q_offset": off} if entry.grid is None else {}
+    _, w = getattr(rp, f"{name}_attention")(
+        q, k, v, *entry.table_args(tables), return_weights=True,
+        **{o: val for o, val in options.items() if val is not None or o == "rotary_dim"},
+        **kwargs,
+    )
+    causal = " (causal)" if entry.defaults.causal else ""
+    panels.append((np.asarray(w)[0], f"weights, head 0{causal}"))
+    return panels
 
 
 def scheme_figure(name: str, path: Path) -> None:

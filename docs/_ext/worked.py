@@ -16,6 +16,7 @@ import array_api_compat.numpy as xp
 import numpy as np
 
 import relpos_ref as rp
+from relpos_ref import catalog
 from relpos_ref.presets import PRESETS
 
 
@@ -298,135 +299,118 @@ def worked_rel_shift(t_q: int = 3, t_k: int = 5) -> list[Step]:
 
 # -- schemes -----------------------------------------------------------------
 
+#: The example each scheme's page shows (docs content, not scheme knowledge): the grid,
+#: and the sizes and options that differ from the catalog's defaults.
+EXAMPLES = {
+    "absolute": {"t_q": 3, "t_k": 5},
+    "shaw": {"t_q": 4, "t_k": 6, "q_offset": 2, "K": 2, "beyond": "zero"},
+    "bias": {"t_q": 4, "t_k": 6, "q_offset": 2, "K": 2, "beyond": "zero"},
+    "music": {"t_q": 5, "t_k": 5, "M": 3, "beyond": "zero"},
+    "general": {"t_q": 3, "t_k": 4, "q_offset": 1, "t_max": 4},
+    "grid2d": {"height": 2, "width": 3},
+    "t5": {"t_q": 4, "t_k": 8, "q_offset": 2, "buckets": 8, "max_distance": 16},
+    "alibi": {"t_q": 4, "t_k": 4},
+    "rope": {"t_q": 4, "t_k": 4},
+    "swin": {"height": 2, "width": 2},
+    "transformer_xl": {"t_q": 3, "t_k": 5, "clamp_len": 2},
+    "deberta": {"t_q": 4, "t_k": 4, "span": 2},
+}
 
-def _index_steps(title: str, index, valid=None) -> list[Step]:
-    steps = [Step(title, np.asarray(index))]
-    if valid is not None:
-        steps.append(Step("`valid` (✓: the distance has a row)", np.asarray(valid)))
-    return steps
+#: What each integer intermediate of `relpos_ref.catalog.Scheme.indices` is.
+MEANINGS = {
+    "distance": "distance `r = j - (i + q_offset)`",
+    "index": "table row of each pair",
+    "valid": "`valid` (✓: the distance has a row of its own)",
+    "index_rows": "row of the row table, `Δy + height - 1` with `Δy = y_k - y_q`",
+    "index_cols": "row of the column table, `Δx + width - 1` with `Δx = x_k - x_q`",
+    "delta": "query-minus-key distance `δ = -r` whose sinusoid is used, clamped",
+    "bucket": "log bucket of `r`",
+}
+
+
+def example_call(name: str, example: dict | None = None) -> dict:
+    """An example's grid, sizes and options (default `EXAMPLES`), completed from the catalog."""
+    entry = catalog.get(name)
+    p = {"t_q": 1, "t_k": 1, **(EXAMPLES[name] if example is None else example)}
+    sizes = {s.key: p.get(s.key, s.default) for s in entry.sizes}
+    if entry.grid is not None:
+        p["t_q"] = p["t_k"] = entry.grid(sizes)
+    sizes = entry.sizes_from({**p, **sizes})
+    options = {**entry.option_defaults(), **entry.options_from({**p, **sizes})}
+    options.pop("slopes", None)
+    q_offset = entry.defaults.resolve_q_offset(p.get("q_offset"), p["t_q"], p["t_k"])
+    return {"t_q": p["t_q"], "t_k": p["t_k"], "q_offset": q_offset, "sizes": sizes,
+            "options": options}
+
+
+def _described(call: dict) -> str:
+    named = {s.name: call["sizes"][s.key] for s in catalog.get(call["name"]).sizes}
+    given = {**named, **{k: v for k, v in call["options"].items() if v is not None}}
+    words = [f"t_q={call['t_q']}", f"t_k={call['t_k']}", f"q_offset={call['q_offset']}"]
+    words += [f"{k}={v!r}" for k, v in given.items()]
+    return ", ".join(words)
 
 
 def worked_scheme(name: str) -> list[Step]:
-    """The index, bucket or bias tables a scheme builds, on a small example."""
-    if name == "absolute":
-        return _index_steps(
-            "`absolute_index(3, 5)`: row `j` of the table for every query",
-            rp.absolute_index(3, 5, xp=xp),
-        )
-    if name in ("shaw", "bias"):
-        got = rp.shaw_index(4, 6, max_distance=2, q_offset=2, beyond="zero", xp=xp)
-        steps = _index_steps(
-            "`shaw_index(4, 6, max_distance=2, q_offset=2, beyond='zero')`: "
-            "row `clip(r, -2, 2) + 2`",
-            got.index,
-            got.valid,
-        )
-        if name == "bias":
-            table = xp.asarray([[-2.0, -1.0, 0.0, 1.0, 2.0]])
-            steps.append(
-                Step(
-                    "`bias_logits([[-2, -1, 0, 1, 2]], 4, 6, q_offset=2)`: `b[clip(r)]`",
-                    np.asarray(rp.bias_logits(table, 4, 6, q_offset=2))[0],
-                )
-            )
-        return steps
-    if name == "music":
-        got = rp.music_index(5, 5, length=3, beyond="zero", xp=xp)
-        return _index_steps(
-            "`music_index(5, 5, length=3, beyond='zero')`: row `r + M - 1` of the one-sided "
-            "table, `r = -2 .. 0`; where `valid` is false the row is a placeholder",
-            got.index,
-            got.valid,
-        )
-    if name == "general":
-        return _index_steps(
-            "`general_index(3, 4, t_max=4, q_offset=1)`: row `r + t_max - 1`",
-            rp.general_index(3, 4, t_max=4, q_offset=1, xp=xp),
-        )
-    if name == "grid2d":
-        dy, dx = rp.grid2d_index(2, 3, xp=xp)
-        rows = tuple(f"{i} ({i // 3},{i % 3})" for i in range(6))
-        return [
-            Step(
-                "`grid2d_index(2, 3)[0]`: row of the row table, `Δy + h - 1` with "
-                "`Δy = y_k - y_q`; tokens row-major, labelled `token (y, x)`",
-                np.asarray(dy),
-                rows,
-            ),
-            Step(
-                "`grid2d_index(2, 3)[1]`: row of the column table, `Δx + w - 1` with "
-                "`Δx = x_k - x_q`",
-                np.asarray(dx),
-                rows,
-            ),
-        ]
-    if name == "t5":
-        r = np.arange(-20, 21, 4)
-        bi = rp.t5_bucket(xp.asarray(r), num_buckets=8, max_distance=16)
-        uni = rp.t5_bucket(xp.asarray(r), num_buckets=8, max_distance=16, bidirectional=False)
-        table = np.stack([r, np.asarray(bi), np.asarray(uni)])
-        return [
-            Step(
-                "`t5_bucket(r, num_buckets=8, max_distance=16)`, bidirectional and causal",
-                table,
-                rows=("r", "bidirectional", "causal"),
-                cols=_labels("", range(11)),
-            )
-        ]
-    if name == "alibi":
-        slopes = np.asarray(rp.alibi_slopes(8))
-        bias = np.asarray(rp.alibi_bias(xp.asarray(slopes[:1]), 4, 4))[0]
-        return [
-            Step("`alibi_slopes(8)`: `m_h = 2^(-8 h / n)`, `h = 1 .. n`", slopes),
-            Step("`alibi_bias(slopes[:1], 4, 4)`: `-m |r|` for head 0", bias),
-        ]
-    if name == "rope":
-        theta = np.asarray(rp.rope_frequencies(8))
-        angles = np.arange(4)[:, None] * theta[None, :]
-        return [
-            Step("`rope_frequencies(8)`: `θ_c = base^(-2c/8)`", theta),
-            Step(
-                "rotation angles `m θ_c` for positions `m = 0 .. 3`",
-                angles,
-                rows=_labels("m=", range(4)),
-                cols=_labels("c=", range(4)),
-            ),
-        ]
-    if name == "swin":
-        return _index_steps(
-            "`swin_index(2, 2)`: row `(dy + Wh - 1)(2 Ww - 1) + dx + Ww - 1`",
-            rp.swin_index(2, 2, xp=xp),
-        )
-    if name == "transformer_xl":
-        return [
-            Step(
-                "`transformer_xl_distance(3, 5)`: the query-minus-key distance "
-                "`δ = (i + q_offset) - j = -r` whose sinusoid is used; queries after a memory of 2",
-                np.asarray(rp.transformer_xl_distance(3, 5, xp=xp)),
-            ),
-            Step(
-                "with `clamp_len=2`",
-                np.asarray(rp.transformer_xl_distance(3, 5, clamp_len=2, xp=xp)),
-            ),
-        ]
-    if name == "deberta":
-        r = np.arange(-12, 13, 3)
-        b = rp.deberta_bucket(xp.asarray(r), bucket_size=4, max_position=16)
-        return [
-            Step(
-                "`deberta_bucket(r, bucket_size=4, max_position=16)`: exact for "
-                "`|r| <= S // 2 = 2`, log-spaced beyond",
-                np.stack([r, np.asarray(b)]),
-                rows=("r", "bucket"),
-                cols=_labels("", range(len(r))),
-            ),
-            Step(
-                "`deberta_index(4, 4, span=2)`: row `clamp(r, -(S - 1), S) + S - 1` with `S = 2`",
-                np.asarray(rp.deberta_index(4, 4, span=2, xp=xp)),
-            ),
-        ]
-    msg = f"no worked example for scheme {name!r}"
-    raise ValueError(msg)
+    """The integers a scheme reads for each pair on its example, then any extra steps.
+
+    The tables come from the catalog's `indices` adapter (the scheme's own
+    index functions); the extras show what an index table cannot (T5's and
+    DeBERTa's buckets by distance, ALiBi's slopes, RoPE's angles).
+    """
+    entry = catalog.get(name)
+    call = {"name": name, **example_call(name)}
+    found = entry.indices(xp, None, t_q=call["t_q"], t_k=call["t_k"],
+                          q_offset=call["q_offset"], sizes=call["sizes"],
+                          options={k: v for k, v in call["options"].items()})
+    shown = {k: v for k, v in found.items() if k != "distance" or len(found) == 1}
+    steps = [Step(f"{MEANINGS[key]} ({_described(call)})", np.asarray(value))
+             for key, value in shown.items()]
+    return steps + EXTRAS.get(name, lambda: [])()
+
+
+def _bias_extra() -> list[Step]:
+    table = xp.asarray([[-2.0, -1.0, 0.0, 1.0, 2.0]])
+    return [Step("`bias_logits([[-2, -1, 0, 1, 2]], 4, 6, q_offset=2)`: `b[clip(r)]`",
+                 np.asarray(rp.bias_logits(table, 4, 6, q_offset=2))[0])]
+
+
+def _t5_extra() -> list[Step]:
+    r = np.arange(-20, 21, 4)
+    bi = rp.t5_bucket(xp.asarray(r), num_buckets=8, max_distance=16)
+    uni = rp.t5_bucket(xp.asarray(r), num_buckets=8, max_distance=16, bidirectional=False)
+    return [Step("`t5_bucket(r, num_buckets=8, max_distance=16)`, bidirectional and causal",
+                 np.stack([r, np.asarray(bi), np.asarray(uni)]),
+                 rows=("r", "bidirectional", "causal"), cols=_labels("", range(11)))]
+
+
+def _alibi_extra() -> list[Step]:
+    slopes = np.asarray(rp.alibi_slopes(8))
+    bias = np.asarray(rp.alibi_bias(xp.asarray(slopes[:1]), 4, 4))[0]
+    return [Step("`alibi_slopes(8)`: `m_h = 2^(-8 h / n)`, `h = 1 .. n`", slopes),
+            Step("`alibi_bias(slopes[:1], 4, 4)`: `-m |r|` for head 0", bias)]
+
+
+def _rope_extra() -> list[Step]:
+    theta = np.asarray(rp.rope_frequencies(8))
+    angles = np.arange(4)[:, None] * theta[None, :]
+    return [Step("`rope_frequencies(8)`: `θ_c = base^(-2c/8)`", theta),
+            Step("rotation angles `m θ_c` for positions `m = 0 .. 3`", angles,
+                 rows=_labels("m=", range(4)), cols=_labels("c=", range(4)))]
+
+
+def _deberta_extra() -> list[Step]:
+    r = np.arange(-12, 13, 3)
+    b = rp.deberta_bucket(xp.asarray(r), bucket_size=4, max_position=16)
+    return [Step("`deberta_bucket(r, bucket_size=4, max_position=16)`: exact for "
+                 "`|r| <= S // 2 = 2`, log-spaced beyond",
+                 np.stack([r, np.asarray(b)]), rows=("r", "bucket"),
+                 cols=_labels("", range(len(r))))]
+
+
+#: Steps a page shows besides its index tables.
+EXTRAS = {"bias": _bias_extra, "t5": _t5_extra, "alibi": _alibi_extra, "rope": _rope_extra,
+          "deberta": _deberta_extra}
 
 
 def preset_rows(scheme: str) -> str:
@@ -447,17 +431,5 @@ LAYOUTS = {
     "rel_shift": worked_rel_shift,
 }
 
-SCHEMES = (
-    "absolute",
-    "shaw",
-    "bias",
-    "music",
-    "general",
-    "grid2d",
-    "t5",
-    "alibi",
-    "rope",
-    "swin",
-    "transformer_xl",
-    "deberta",
-)
+#: The schemes with a page: every scheme of the catalog.
+SCHEMES = tuple(catalog.names())
