@@ -321,26 +321,23 @@ def transformer_xl_attention(
     )
     if method != "efficient" or call.t_q * call.t_k == 0:
         return NotImplemented
-    # Terms (b) + (d) from the t_q + t_k - 1 projected sinusoids, one block at a time (no
-    # (t_q, t_q + t_k - 1) matrix, no rel_shift pass); term (c) added per block.
+    # (a) + (c) = (q + u) . k in the one content GEMM, as Transformer-XL's own code does;
+    # (b) + (d) = (q + v) . p_delta one block at a time from the t_q + t_k - 1 projected
+    # sinusoids (no (t_q, t_q + t_k - 1) matrix, no rel_shift pass).
     import array_api_compat.numpy as xp
 
     deltas = transformer_xl.grid_distances(
         call.t_q, call.t_k, q_offset=call.q_offset, clamp_len=clamp_len, xp=xp
     )
     p_delta = transformer_xl.transformer_xl_rows(deltas, w_r, base=base)
-    query = q if position_bias is None else q + transformer_xl._per_head_vector(position_bias)
-    add_per_distance = block_logits(
+    per_head = transformer_xl._per_head_vector
+    content_query = q if content_bias is None else q + per_head(content_bias)
+    query = q if position_bias is None else q + per_head(position_bias)
+    add = block_logits(
         query, p_delta, q_offset=call.q_offset, low=-(call.t_q - 1) - call.q_offset
     )
-    term_c = transformer_xl.key_term(k, content_bias)
-
-    def add(live: np.ndarray, a: int) -> None:
-        add_per_distance(live, a)
-        if term_c is not None:
-            live += term_c[..., : live.shape[-1]]
-
-    return _attend(q, k, v, call, mask=mask, add_position=add, return_weights=return_weights)
+    return _attend(content_query, k, v, call, mask=mask, add_position=add,
+                   return_weights=return_weights)
 
 
 @_register("deberta")
