@@ -11,8 +11,8 @@ docs, the benchmarks) call these instead, all with one signature per task:
   `Terms` of queries ``i0 ..`` and keys ``j0 ..`` of a grid whose query 0
   sits at `q_offset` (``i0 = j0 = 0``: the whole grid). Relative schemes see
   such a tile as the grid at ``q_offset + i0 - j0``;
-- ``values(weights, tables, *, q_offset, options, method)``: a relative-value
-  term, or ``None``;
+- ``values(weights, tables, *, q_offset, options, method, allowed)``: a
+  relative-value term over the allowed pairs, or ``None``;
 - ``indices(xp, device, *, t_q, t_k, q_offset, sizes, options)``: the integer
   intermediates by name (``distance``, ``index``, ``valid``, ...);
 - ``rotate(q, k, *, q_offset, options)``: RoPE's rotated queries and keys.
@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from . import _xp
 from .calls import resolve_call
-from .layouts import take_per_row
+from .layouts import _take_per_row
 from .positions import relative_positions
 from .schemes import (
     absolute,
@@ -110,11 +110,12 @@ def shaw_terms(q, k, tables, *, q_offset, i0, j0, options, method):
     ))
 
 
-def shaw_values(weights, tables, *, q_offset, options, method):
+def shaw_values(weights, tables, *, q_offset, options, method, allowed=None):
     table = tables.get("value_table")
     if table is None:
         return None
-    return shaw.shaw_values(weights, table, q_offset=q_offset, method=method, **options)
+    return shaw.shaw_values(weights, table, q_offset=q_offset, method=method, allowed=allowed,
+                            **options)
 
 
 def two_sided_indices(xp, device, *, t_q, t_k, q_offset, sizes, options):
@@ -157,11 +158,12 @@ def music_terms(q, k, tables, *, q_offset, i0, j0, options, method):
     ))
 
 
-def music_values(weights, tables, *, q_offset, options, method):
+def music_values(weights, tables, *, q_offset, options, method, allowed=None):
     table = tables.get("value_table")
     if table is None:
         return None
-    return music.music_values(weights, table, q_offset=q_offset, method=method, **options)
+    return music.music_values(weights, table, q_offset=q_offset, method=method,
+                              allowed=allowed, **options)
 
 
 def music_indices(xp, device, *, t_q, t_k, q_offset, sizes, options):
@@ -219,8 +221,8 @@ def grid2d_terms(q, k, tables, *, q_offset, i0, j0, options, method):
     xp = _xp.array_namespace(q)
     rows, cols = grid2d.grid2d_index(height, width, xp=xp, device=_xp.device(q))
     tile = (slice(i0, i0 + q.shape[-2]), slice(j0, j0 + k.shape[-2]))
-    return Terms(position=take_per_row(table_logits(q, tables["row_table"]), rows[tile])
-                 + take_per_row(table_logits(q, tables["col_table"]), cols[tile]))
+    return Terms(position=_take_per_row(table_logits(q, tables["row_table"]), rows[tile])
+                 + _take_per_row(table_logits(q, tables["col_table"]), cols[tile]))
 
 
 def grid2d_indices(xp, device, *, t_q, t_k, q_offset, sizes, options):

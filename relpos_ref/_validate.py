@@ -23,20 +23,29 @@ __all__ = [
 ]
 
 
+#: Integers the index arithmetic can hold: every distance is computed in int64 at most.
+INT64_LIMIT = 2**62
+
+
 def as_int(name: str, value: Any) -> int:
     """`value` as a Python ``int``; a `ValueError` naming `name` otherwise.
 
     Accepts anything with ``__index__`` (``int``, ``numpy.int64``) but not
-    ``bool``, floats or arrays, whose conversion would hide a mistake.
+    ``bool``, floats or arrays, whose conversion would hide a mistake, nor
+    magnitudes of ``2**62`` or more, which distances in int64 cannot hold.
     """
     if isinstance(value, bool):
         msg = f"`{name}` must be an integer, got the bool {value!r}"
         raise ValueError(msg)
     try:
-        return operator.index(value)
+        out = operator.index(value)
     except TypeError:
         msg = f"`{name}` must be an integer, got {value!r} of type {type(value).__name__}"
         raise ValueError(msg) from None
+    if not -INT64_LIMIT < out < INT64_LIMIT:
+        msg = f"`{name}` must be smaller than 2**62 in magnitude (int64 distances), got {out}"
+        raise ValueError(msg)
+    return out
 
 
 def nonnegative_int(name: str, value: Any) -> int:

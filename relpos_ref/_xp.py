@@ -17,6 +17,7 @@ __all__ = [
     "check_same_dtype",
     "device",
     "index_dtype",
+    "is_lazy",
     "library_name",
     "size",
 ]
@@ -101,6 +102,11 @@ def check_same_dtype(**named: Any) -> None:
         listing = ", ".join(f"`{k}` is {v.dtype}" for k, v in present.items())
         msg = f"arrays must share one floating dtype (no silent upcast): {listing}"
         raise TypeError(msg)
+
+
+def is_lazy(x: Any) -> bool:
+    """Whether `x`'s values cannot be read on the host now (jit tracers, dask, JAX)."""
+    return array_api_compat.is_lazy_array(x)
 
 
 def size(x: Any) -> int | None:

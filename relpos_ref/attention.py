@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _xp
-from ._validate import as_int, check_bool
+from ._validate import as_int, broadcast_shapes, check_bool
 from .calls import (
     PLAIN,
     Call,
@@ -23,6 +23,7 @@ from .calls import (
     check_mask,
     check_qkv,
     check_terms,
+    computes_in_float32,
     default_scale,
     inverse_sqrt_width,
     resolve_call,
@@ -42,6 +43,7 @@ __all__ = [
     "inverse_sqrt_width",
     "masked_softmax",
     "resolve_call",
+    "weighted_sum",
 ]
 
 
@@ -96,6 +98,7 @@ def allowed_keys(
     return past_or_present if mask is None else mask & past_or_present
 
 
+@computes_in_float32
 def compose_logits(content: Any, /, *, scale: float, position: Any = None, bias: Any = None) -> Any:
     r"""Combine score terms by the one scaling rule.
 
@@ -132,6 +135,7 @@ def compose_logits(content: Any, /, *, scale: float, position: Any = None, bias:
     return logits if bias is None else logits + bias
 
 
+@computes_in_float32
 def masked_softmax(logits: Any, /, *, allowed: Any = None) -> Any:
     r"""Numerically stable softmax over the last axis, restricted to allowed keys.
 
@@ -175,6 +179,7 @@ def masked_softmax(logits: Any, /, *, allowed: Any = None) -> Any:
     return e / xp.where(total == zero, xp.asarray(1.0, dtype=logits.dtype, device=dev), total)
 
 
+@computes_in_float32
 def attention(
     q: Any,
     k: Any,
@@ -250,5 +255,59 @@ def attention(
     content = xp.matmul(q, xp.matrix_transpose(k))
     logits = compose_logits(content, scale=call.scale, position=position, bias=bias)
     weights = masked_softmax(logits, allowed=allowed)
-    out = xp.matmul(weights, v)
+    out = weighted_sum(weights, v, used=allowed)
     return (out, weights) if check_bool("return_weights", return_weights) else out
+
+
+def weighted_sum(weights: Any, values: Any, /, *, used: Any = None) -> Any:
+    r"""Sum of rows weighted per pair, over the pairs `used` allows and no other.
+
+    .. math:: \text{out}[..., i, :] = \sum_{j:\ \text{used}_{ij}} w_{ij}\, v_j
+
+    The attention output ``weights @ v`` (and a relative-value term) with a
+    mask: a pair that is not used contributes exactly nothing, even when its
+    value is NaN or infinite (``0 * NaN`` would be NaN), while a used pair
+    follows IEEE arithmetic (a NaN there, or ``0 * inf``, gives NaN; ``inf``
+    with a positive weight gives ``inf``). Without `used` every pair counts:
+    ``weights @ values``. No array value is read on the host.
+
+    Parameters
+    ----------
+    weights : floating array, shape ``(..., t_q, n)``
+        Non-negative (attention weights, or weights binned by distance).
+    values : floating array, shape ``(..., n, d)``
+    used : bool array broadcastable to ``(..., t_q, n)``, optional
+
+    Returns
+    -------
+    array, shape ``(..., t_q, d)``
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> w = xp.asarray([[1.0, 0.0], [0.5, 0.5]])
+    >>> v = xp.asarray([[2.0], [xp.nan]])
+    >>> weighted_sum(w, v, used=xp.asarray([[True, False], [True, True]]))
+    Array([[ 2.],
+           [nan]], dtype=array_api_strict.float64)
+    """
+    xp = _xp.array_namespace(weights, values, used)
+    if used is None:
+        return xp.matmul(weights, values)
+    dev = _xp.device(weights)
+    dtype = weights.dtype
+    shape = broadcast_shapes(weights=tuple(weights.shape), used=tuple(used.shape))
+    weights, used = xp.broadcast_to(weights, shape), xp.broadcast_to(used, shape)
+
+    def count(a: Any, b: Any) -> Any:  # pairs where both hold, per (i, feature)
+        return xp.matmul(xp.astype(a, dtype), xp.astype(b, dtype))
+
+    zero, inf, nan = (xp.asarray(x, dtype=dtype, device=dev) for x in (0.0, xp.inf, xp.nan))
+    out = xp.matmul(weights, xp.where(xp.isfinite(values), values, zero))
+    nans = count(used, xp.isnan(values)) + count(used & (weights == zero), xp.isinf(values))
+    positive = used & (weights > zero)
+    up = count(positive, values == inf)
+    down = count(positive, values == -inf)
+    out = xp.where(up > zero, inf, xp.where(down > zero, -inf, out))
+    bad = (nans > zero) | ((up > zero) & (down > zero))
+    return xp.where(bad, nan, out)

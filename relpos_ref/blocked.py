@@ -29,8 +29,9 @@ from typing import Any
 
 from . import _xp
 from ._progress import Progress
-from ._validate import broadcast_shapes, check_choice, positive_int
-from .attention import allowed_keys, compose_logits
+from ._validate import broadcast_shapes, check_bool, check_choice, positive_int
+from .attention import allowed_keys, compose_logits, weighted_sum
+from .calls import computes_in_float32
 from .catalog import get, names, tables_by_name
 
 __all__ = ["BLOCKED_SCHEMES", "blocked_attention"]
@@ -52,6 +53,7 @@ def _mask_tile(mask: Any, i0: int, i1: int, j0: int, j1: int) -> Any:
     return mask[..., rows, cols]
 
 
+@computes_in_float32
 def blocked_attention(
     q: Any,
     k: Any,
@@ -139,7 +141,8 @@ def blocked_attention(
     one = xp.asarray(1.0, dtype=q.dtype, device=dev)
     pieces = []
     starts = range(0, t_q, block)
-    with Progress(len(starts), f"blocked {scheme}", enabled=None if progress else False) as bar:
+    enabled = None if check_bool("progress", progress) else False
+    with Progress(len(starts), f"blocked {scheme}", enabled=enabled) as bar:
         for i0 in starts:
             i1 = min(i0 + block, t_q)
             q_blk = q[..., i0:i1, :]
@@ -166,10 +169,10 @@ def blocked_attention(
                 weights = xp.exp(logits - base)
                 correction = xp.exp(m - base)
                 total = total * correction + xp.sum(weights, axis=-1, keepdims=True)
-                update = xp.matmul(weights, v_blk)
+                update = weighted_sum(weights, v_blk, used=allowed)
                 if entry.values is not None:
                     extra = entry.values(weights, named, q_offset=off, options=options,
-                                         method="efficient")
+                                         method="efficient", allowed=allowed)
                     if extra is not None:
                         update = update + extra
                 acc = acc * correction + update

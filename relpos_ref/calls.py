@@ -10,10 +10,11 @@ Nothing here reads array values.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from . import _xp
 from ._validate import as_float, as_int, broadcast_shapes, check_bool, check_choice
@@ -25,6 +26,7 @@ __all__ = [
     "check_mask",
     "check_qkv",
     "check_terms",
+    "computes_in_float32",
     "default_scale",
     "inverse_sqrt_width",
     "resolve_call",
@@ -55,6 +57,10 @@ def default_scale(d: int, scale: float | None = None) -> float:
     >>> default_scale(64, 1.0)
     1.0
     """
+    d = as_int("d", d)
+    if d < 0:
+        msg = f"`d` must be >= 0 (a feature width), got {d}"
+        raise ValueError(msg)
     if scale is None:
         return 1.0 / math.sqrt(d) if d > 0 else 1.0
     return as_float("scale", scale)
@@ -286,3 +292,67 @@ def check_terms(q: Any, call: Call, /, **terms: Any) -> None:
         _xp.check_floating(call.xp, name, term)
         _xp.check_same_dtype(q=q, **{name: term})
         broadcast_shapes(**{name: tuple(term.shape)}, logits=(*call.batch, call.t_q, call.t_k))
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def computes_in_float32(function: F) -> F:
+    """Run `function` in float32 when its floating arrays are all of one 16-bit dtype.
+
+    The conventions' rule for float16 and bfloat16, as fused kernels apply
+    it: the inputs are taken as they are (already rounded), every product,
+    logit and softmax is computed in float32, and each floating result is
+    returned in the inputs' dtype. So a 16-bit call never overflows where a
+    float32 accumulation would not (``q . k`` of 255s in float16, say). Calls
+    whose floating arrays mix dtypes or libraries go through unchanged, to be
+    refused by the function's own checks.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from relpos_ref.attention import attention
+    >>> q = k = v = np.full((3, 4), 255.0, dtype=np.float16)
+    >>> attention(q, k, v)  # q . k = 260100 overflows float16; float32 does not
+    array([[255., 255., 255., 255.],
+           [255., 255., 255., 255.],
+           [255., 255., 255., 255.]], dtype=float16)
+    """
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        floating = [a for a in (*args, *kwargs.values()) if _is_floating_array(a)]
+        dtypes = {a.dtype for a in floating}
+        if len(dtypes) != 1:
+            return function(*args, **kwargs)
+        try:
+            xp = _xp.array_namespace(*floating)
+        except TypeError:
+            return function(*args, **kwargs)
+        (dtype,) = dtypes
+        if not xp.isdtype(dtype, "real floating") or xp.finfo(dtype).bits != 16:
+            return function(*args, **kwargs)
+
+        def widen(a: Any) -> Any:
+            return xp.astype(a, xp.float32) if _is_floating_array(a) else a
+
+        out = function(*map(widen, args), **{k: widen(a) for k, a in kwargs.items()})
+        if isinstance(out, tuple):
+            return tuple(_narrow(xp, x, dtype) for x in out)
+        return _narrow(xp, out, dtype)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _is_floating_array(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or not hasattr(x, "shape"):
+        return False
+    try:
+        return _xp.array_namespace(x).isdtype(dtype, "real floating")
+    except TypeError:
+        return False
+
+
+def _narrow(xp: Any, x: Any, dtype: Any) -> Any:
+    return xp.astype(x, dtype) if _is_floating_array(x) else x

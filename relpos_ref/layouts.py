@@ -90,7 +90,7 @@ def gather(x: Any, /, t_k: int, *, offset: int, q_offset: int = 0) -> Any:
     dev = _xp.device(x)
     column = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=dev) + offset
     valid = (column >= 0) & (column < n_rel)
-    out = take_per_row(x, xp.clip(column, 0, n_rel - 1))
+    out = _take_per_row(x, xp.clip(column, 0, n_rel - 1))
     return xp.where(valid, out, _zeros(xp, x, ()))
 
 
@@ -107,12 +107,21 @@ def take_per_row(x: Any, index: Any, /) -> Any:
     ----------
     x : array, shape ``(..., t_q, n)``
     index : integer array, shape ``(t_q, t_k)``
-        Values in ``[0, n)``.
+        Values in ``[0, n)``; others are refused (a negative index would
+        wrap). The range is read back to the host on eager arrays; under jit
+        (lazy arrays) it cannot be, and the values must be in range.
 
     Returns
     -------
     out : array, shape ``(..., t_q, t_k)``
         Same dtype and device as `x`.
+
+    Raises
+    ------
+    ValueError
+        An index outside ``[0, n)``, or the wrong shape.
+    TypeError
+        A non-integer index.
 
     Examples
     --------
@@ -121,12 +130,31 @@ def take_per_row(x: Any, index: Any, /) -> Any:
     >>> take_per_row(x, xp.asarray([[2, 2, 0, 1], [0, 0, 1, 1]]))
     Array([[12, 12, 10, 11],
            [20, 20, 21, 21]], dtype=array_api_strict.int64)
+    >>> take_per_row(x, xp.asarray([[-1, 0], [0, 0]]))
+    Traceback (most recent call last):
+    ...
+    ValueError: `index` must lie in [0, 3) (the columns of `x`), got values from -1 to 0
     """
-    xp, batch, t_q, n = _relative_layout("x", x)
+    xp, _, t_q, n = _relative_layout("x", x)
     _xp.array_namespace(x, index)
+    if not xp.isdtype(index.dtype, "integral"):
+        msg = f"`index` must have an integer dtype, got {index.dtype}"
+        raise TypeError(msg)
     if index.ndim != 2 or index.shape[0] != t_q:
         msg = f"`index` must have shape (t_q, t_k) with t_q = {t_q}, got shape {tuple(index.shape)}"
         raise ValueError(msg)
+    if _xp.size(index) and not _xp.is_lazy(index):
+        low, high = int(xp.min(index)), int(xp.max(index))
+        if low < 0 or high >= n:
+            msg = (f"`index` must lie in [0, {n}) (the columns of `x`), got values from {low} "
+                   f"to {high}")
+            raise ValueError(msg)
+    return _take_per_row(x, index)
+
+
+def _take_per_row(x: Any, index: Any) -> Any:
+    # take_per_row for indices known to be in range (the library's own).
+    xp, batch, t_q, n = _relative_layout("x", x)
     t_k = index.shape[1]
     if t_q == 0 or t_k == 0:
         return _zeros(xp, x, (*batch, t_q, t_k))
@@ -180,7 +208,7 @@ def to_relative(x: Any, /, n_rel: int, *, offset: int, q_offset: int = 0) -> Any
     i = xp.arange(t_q, dtype=idx, device=dev)
     key = c[None, :] - offset + i[:, None] + q_offset
     valid = (key >= 0) & (key < t_k)
-    out = take_per_row(x, xp.clip(key, 0, t_k - 1))
+    out = _take_per_row(x, xp.clip(key, 0, t_k - 1))
     return xp.where(valid, out, _zeros(xp, x, ()))
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "TableIndex",
     "causal_table_index",
     "check_distances_in_table",
+    "check_integer_array",
     "distance_range",
     "grid_positions",
     "relative_positions",
@@ -95,9 +96,21 @@ def relative_positions(
     t_k = nonnegative_int("t_k", t_k)
     q_offset = as_int("q_offset", q_offset)
     idx = _xp.index_dtype(xp, device)
+    _check_fits(xp, idx, t_q, t_k, q_offset)
     i = xp.arange(t_q, dtype=idx, device=device)
     j = xp.arange(t_k, dtype=idx, device=device)
     return j[None, :] - (i[:, None] + q_offset)
+
+
+def _check_fits(xp: Any, idx: Any, t_q: int, t_k: int, q_offset: int) -> None:
+    # Every distance, and every position, must fit the index dtype (int32 on JAX without
+    # x64): a value that does not would wrap silently.
+    largest = max(abs(q_offset) + t_q + t_k, t_q + abs(q_offset))
+    top = xp.iinfo(idx).max
+    if largest > top:
+        msg = (f"`q_offset` = {q_offset} with t_q = {t_q} and t_k = {t_k} gives distances beyond "
+               f"the index dtype {idx} (at most {top})")
+        raise ValueError(msg)
 
 
 def distance_range(t_q: int, t_k: int, /, *, q_offset: int = 0) -> tuple[int, int] | None:
@@ -190,7 +203,8 @@ def _check_array_in_table(xp: Any, r: Any, low: int, high: int, what: str) -> No
     _raise_if_outside(int(xp.min(r)), int(xp.max(r)), low, high, what, _ERROR_POLICY_HINT)
 
 
-def _check_integer_array(xp: Any, name: str, r: Any) -> None:
+def check_integer_array(xp: Any, name: str, r: Any) -> None:
+    """A `TypeError` naming `name` unless `r` has an integer dtype (distances are integers)."""
     if not xp.isdtype(r.dtype, "integral"):
         msg = f"`{name}` must have an integer dtype, got {r.dtype}"
         raise TypeError(msg)
@@ -236,7 +250,7 @@ def table_index(r: Any, /, max_distance: int, *, beyond: str = "clip") -> TableI
              True, False]], dtype=array_api_strict.bool)
     """
     xp = _xp.array_namespace(r)
-    _check_integer_array(xp, "r", r)
+    check_integer_array(xp, "r", r)
     k = nonnegative_int("max_distance", max_distance)
     check_choice("beyond", beyond, BEYOND_POLICIES)
     if beyond == "error":
@@ -287,7 +301,7 @@ def causal_table_index(r: Any, /, length: int, *, beyond: str = "clip") -> Table
     Array([[False,  True,  True,  True, False]], dtype=array_api_strict.bool)
     """
     xp = _xp.array_namespace(r)
-    _check_integer_array(xp, "r", r)
+    check_integer_array(xp, "r", r)
     m = positive_int("length", length)
     check_choice("beyond", beyond, BEYOND_POLICIES)
     low = -(m - 1)

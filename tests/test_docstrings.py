@@ -71,6 +71,8 @@ def test_specification_examples_run_on_array_api_strict_and_numpy(name):
         source = "".join(e.source for e in test.examples)
         if not test.examples or ("xp" not in source and "np." not in source):
             continue
+        if "float16" in source:  # array-api-strict has no float16: shown on NumPy
+            continue
         assert STRICT_IMPORT in source, f"{test.name}: write the example for array-api-strict"
         assert NUMPY_IMPORT not in source and "import numpy" not in source, test.name
 

@@ -126,6 +126,11 @@ class Case:
             )
             raise ValueError(msg)
         full.update(params)
+        for name, value in full.items():
+            default = {**COMMON_DEFAULTS, **scheme_defaults(entry)}.get(name)
+            if isinstance(default, bool) and not isinstance(value, bool):
+                msg = f"`{name}` must be True or False, got {value!r}"
+                raise ValueError(msg)
         for name in _positive_names(entry):
             value = full.get(name)
             if name in full and value is not None and (

@@ -108,7 +108,7 @@ def evaluate(
     output = matmul(out["weights"], v)
     if entry.values is not None:
         extra = entry.values(out["weights"], tables, q_offset=call.q_offset, options=options,
-                             method=method)
+                             method=method, allowed=allowed)
         if extra is not None:
             output = output + extra
     out["output"] = store(output)

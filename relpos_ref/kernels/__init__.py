@@ -34,13 +34,24 @@ import contextlib
 import contextvars
 import functools
 import importlib
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from .. import _xp
 
-__all__ = ["ENV_VAR", "LIBRARIES", "disabled", "dispatched", "enabled", "kernel_for", "kernels"]
+__all__ = [
+    "ENV_VAR",
+    "LIBRARIES",
+    "available_memory",
+    "check_host_memory",
+    "disabled",
+    "dispatched",
+    "enabled",
+    "kernel_for",
+    "kernels",
+]
 
 #: ``RELPOS_KERNELS=0`` runs the specification everywhere.
 ENV_VAR = "RELPOS_KERNELS"
@@ -121,6 +132,50 @@ def kernel_for(scheme: str, arrays: tuple[Any, ...]) -> Callable[..., Any] | Non
     return kernels(libraries.pop()).get(scheme)
 
 
+def available_memory() -> int | None:
+    """Bytes of memory this machine can still give a process (Linux), or ``None``."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_host_memory(q: Any = None, k: Any = None) -> None:
+    """A `MemoryError` before NumPy scores ``(..., t_q, t_k)`` are allocated beyond the machine.
+
+    The estimate is a lower bound, two float32 (or wider) arrays of the
+    scores' shape; the message says how much that is and points to
+    `relpos_ref.blocked.blocked_attention`, whose memory grows with the
+    block, not with ``t_q t_k``. Other libraries (device memory) are not
+    checked here.
+    """
+    if not (type(q).__module__ == "numpy" and type(k).__module__ == "numpy"):
+        return
+    if q.ndim < 2 or k.ndim < 2:
+        return  # the specification refuses these itself
+    import numpy as np  # already imported: q is a NumPy array
+
+    try:
+        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    except ValueError:
+        return
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    need = 2 * math.prod(batch) * t_q * t_k * max(q.dtype.itemsize, 4)
+    have = available_memory()
+    if have is not None and need > have:
+        msg = (
+            f"attention over {t_q} queries and {t_k} keys (batch {tuple(batch)}) needs at "
+            f"least {need / 2**30:.1f} GiB for its scores, and this machine has "
+            f"{have / 2**30:.1f} GiB available; relpos_ref.blocked.blocked_attention computes "
+            "it in memory that grows with its block size instead"
+        )
+        raise MemoryError(msg)
+
+
 def _is_array(x: Any) -> bool:
     return x is not None and hasattr(x, "shape") and hasattr(x, "dtype")
 
@@ -141,6 +196,7 @@ def dispatched(scheme: str, spec: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(spec)
     def public(*args: Any, **kwargs: Any) -> Any:
+        check_host_memory(*args[:2])
         chosen = kernel_for(scheme, (*args, *kwargs.values()))
         if chosen is not None:
             out = chosen(*args, **kwargs)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .._validate import check_bool
-from ..calls import Call, check_terms, resolve_call
+from ..calls import Call, check_terms, computes_in_float32, resolve_call
 from ..schemes import (
     absolute,
     alibi,
@@ -61,8 +61,9 @@ KERNELS: dict[str, Callable[..., Any]] = {}
 
 
 def _register(scheme: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    # The conventions' 16-bit rule, as the specification applies it: float32 inside.
     def add(kernel: Callable[..., Any]) -> Callable[..., Any]:
-        KERNELS[scheme] = kernel
+        KERNELS[scheme] = computes_in_float32(kernel)
         return kernel
 
     return add
@@ -70,6 +71,13 @@ def _register(scheme: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
 def _ndarrays(*arrays: Any) -> bool:
     return all(a is None or type(a) is np.ndarray for a in arrays)
+
+
+def _finite(*values: Any) -> bool:
+    # The kernels multiply values by weights directly: equal to the specification's
+    # `weighted_sum` (a masked pair contributes nothing, even NaN) when every value is
+    # finite. Otherwise the call goes to the specification.
+    return all(a is None or bool(np.isfinite(a).all()) for a in values)
 
 
 def _scores(q: np.ndarray, k: np.ndarray, *terms: Any) -> np.ndarray:
@@ -95,6 +103,8 @@ def _attend(
     add_bias: AddRows | None = None,
 ) -> Any:
     return_weights = check_bool("return_weights", return_weights)
+    if (mask is not None or call.causal) and not _finite(v):
+        return NotImplemented
     weights = softmax_in_place(
         _scores(q, k, mask, position, bias),
         scale=call.scale,
@@ -295,7 +305,9 @@ def music_attention(
         q, k, v, table, value_table, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
         beyond=beyond, method=method,
     )
-    if method != "efficient" or call.t_q * call.t_k == 0:
+    if method != "efficient" or call.t_q * call.t_k == 0 or not _finite(value_table):
+        return NotImplemented
+    if (mask is not None or call.causal) and not _finite(v):
         return NotImplemented
     r_min = -(call.t_q - 1) - call.q_offset
     extended = one_sided_rows(table, r_min, call.t_k - 1 - call.q_offset, beyond)
@@ -373,7 +385,9 @@ def shaw_attention(
         q_offset=q_offset, beyond=beyond, method=method,
     )
     return_weights = check_bool("return_weights", return_weights)
-    if method != "efficient" or beyond != "clip":
+    if method != "efficient" or beyond != "clip" or not _finite(value_table):
+        return NotImplemented
+    if (mask is not None or call.causal) and not _finite(v):
         return NotImplemented
     fused = clipped_table_softmax(
         _scores(q, k, mask),

@@ -11,11 +11,13 @@ from typing import Any
 
 from .. import _xp
 from .._validate import broadcast_shapes
+from ..attention import weighted_sum
 from ..layouts import to_relative
 from ..positions import relative_positions
 
 __all__ = [
     "METHODS",
+    "binned_values",
     "check_method",
     "check_table",
     "check_value_table",
@@ -150,10 +152,49 @@ def contract_rows(q: Any, rows: Any) -> Any:
     return xp.sum(q[..., :, None, :] * rows, axis=-1)
 
 
-def weighted_rows(weights: Any, rows: Any) -> Any:
-    r"""``out[..., i, :] = sum_j weights[..., i, j] rows[..., i, j, :]`` (definition)."""
-    xp = _xp.array_namespace(weights, rows)
+def weighted_rows(weights: Any, rows: Any, used: Any = None) -> Any:
+    r"""``out[..., i, :] = sum_j w_ij rows[..., i, j, :]`` over the `used` pairs (definition).
+
+    An unused pair contributes nothing, even a NaN or infinite row; a used
+    one follows IEEE arithmetic (`relpos_ref.attention.weighted_sum` is the
+    same rule for the efficient path).
+    """
+    xp = _xp.array_namespace(weights, rows, used)
+    if used is not None:  # an unused pair's row is never multiplied (0 * inf would be NaN)
+        zero = xp.zeros((), dtype=rows.dtype, device=_xp.device(rows))
+        rows = xp.where(used[..., None], rows, zero)
     return xp.sum(weights[..., None] * rows, axis=-2)
+
+
+def binned_values(
+    weights: Any,
+    table: Any,
+    /,
+    *,
+    low: int,
+    high: int,
+    q_offset: int,
+    clip: bool,
+    clip_future: bool = True,
+    allowed: Any = None,
+) -> Any:
+    r"""``sum_j w_ij table[row(r_ij)]`` over the `allowed` pairs, by distance bins (efficient).
+
+    The weights are summed by table row (`distance_bins`), and the bins are
+    multiplied by the table with `relpos_ref.attention.weighted_sum`, whose
+    `used` pairs are the rows some allowed key of each query reaches: a row no
+    allowed key reaches (a masked key's, or a distance the grid never has)
+    contributes nothing, even when it holds NaN or infinities.
+    """
+    xp = _xp.array_namespace(weights, table, allowed)
+    t_q, t_k = weights.shape[-2:]
+    if allowed is None:
+        allowed = xp.ones((t_q, t_k), dtype=xp.bool, device=_xp.device(weights))
+    opts = {"low": low, "high": high, "q_offset": q_offset, "clip": clip,
+            "clip_future": clip_future}
+    bins = distance_bins(weights, **opts)
+    reached = distance_bins(xp.astype(allowed, weights.dtype), **opts) > 0
+    return weighted_sum(bins, table, used=reached)
 
 
 def distance_bins(

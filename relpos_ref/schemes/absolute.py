@@ -10,7 +10,7 @@ from typing import Any
 
 from .._validate import nonnegative_int
 from ..attention import attention
-from ..calls import PLAIN, Call, resolve_call
+from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 from ..positions import relative_positions
 from ._tables import check_table, table_logits
 
@@ -54,6 +54,7 @@ def absolute_index(t_q: int, t_k: int, /, *, xp: Any, device: Any = None) -> Any
     return r + xp.arange(t_q, dtype=r.dtype, device=device)[:, None]
 
 
+@computes_in_float32
 def absolute_logits(q: Any, table: Any, /, t_k: int) -> Any:
     r"""Positional term :math:`P_{ij} = q_i \cdot R_j` of absolute key embeddings.
 
@@ -121,6 +122,7 @@ def absolute_call(
     return call
 
 
+@computes_in_float32
 def absolute_attention(
     q: Any,
     k: Any,

@@ -20,7 +20,7 @@ from typing import Any
 from .. import _xp
 from .._validate import broadcast_shapes, check_bool, nonnegative_int, positive_int
 from ..attention import attention
-from ..calls import PLAIN, Call, resolve_call
+from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 from ..positions import relative_positions
 
 __all__ = ["DEFAULTS", "alibi_attention", "alibi_bias", "alibi_call", "alibi_slopes"]
@@ -101,7 +101,7 @@ def alibi_bias(
     dev = _xp.device(slopes)
     r = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=dev)
     r = xp.astype(r, slopes.dtype)
-    distance = -xp.abs(r) if symmetric else r
+    distance = -xp.abs(r) if check_bool("symmetric", symmetric) else r
     return slopes[:, None, None] * distance[None, :, :]
 
 
@@ -156,6 +156,7 @@ def alibi_call(
     return call, slopes
 
 
+@computes_in_float32
 def alibi_attention(
     q: Any,
     k: Any,

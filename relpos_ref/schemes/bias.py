@@ -13,7 +13,7 @@ from typing import Any
 from .. import _xp
 from .._validate import check_choice, nonnegative_int
 from ..attention import attention
-from ..calls import PLAIN, Call, resolve_call
+from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 from ..positions import BEYOND_POLICIES
 from ._tables import check_table, gather_scalars
 from .shaw import shaw_index
@@ -104,6 +104,7 @@ def bias_call(
     return call
 
 
+@computes_in_float32
 def bias_attention(
     q: Any,
     k: Any,

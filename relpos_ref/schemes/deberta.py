@@ -42,9 +42,9 @@ from typing import Any
 from .. import _xp
 from .._validate import as_int, nonnegative_int, positive_int
 from ..attention import attention
-from ..calls import Call, Defaults, resolve_call
-from ..layouts import take_per_row
-from ..positions import relative_positions
+from ..calls import Call, Defaults, computes_in_float32, resolve_call
+from ..layouts import _take_per_row
+from ..positions import check_integer_array, relative_positions
 from ._tables import (
     check_method,
     check_table,
@@ -188,6 +188,7 @@ def deberta_bucket(r: Any, /, *, bucket_size: int, max_position: int) -> Any:
             6,  6,  7,  7,  8], dtype=array_api_strict.int64)
     """
     xp = _xp.array_namespace(r)
+    check_integer_array(xp, "r", r)
     mid, _ = _bucket_parameters(bucket_size, max_position)
     bounds = deberta_bucket_boundaries(bucket_size, max_position)
     dev = _xp.device(r)
@@ -283,6 +284,7 @@ def deberta_rows(r: Any, /, *, span: int, max_position: int | None = None) -> An
     Array([0, 0, 1, 2, 3], dtype=array_api_strict.int64)
     """
     xp = _xp.array_namespace(r)
+    check_integer_array(xp, "r", r)
     span = positive_int("span", span)
     b = r if max_position is None else deberta_bucket(
         r, bucket_size=span, max_position=max_position
@@ -290,6 +292,7 @@ def deberta_rows(r: Any, /, *, span: int, max_position: int | None = None) -> An
     return xp.clip(b, -(span - 1), span) + (span - 1)
 
 
+@computes_in_float32
 def deberta_logits(
     q: Any,
     k: Any,
@@ -355,14 +358,14 @@ def deberta_logits(
         if method == "definition":
             out = out + contract_rows(q, gather_rows(key_table, index))
         else:
-            out = out + take_per_row(table_logits(q, key_table), index)
+            out = out + _take_per_row(table_logits(q, key_table), index)
     if query_table is not None:
         if method == "definition":
             rows = gather_rows(query_table, index)  # (..., t_q, t_k, d)
             out = out + xp.sum(k[..., None, :, :] * rows, axis=-1)
         else:
             per_key = table_logits(k, query_table)  # (..., t_k, 2S): one row per key
-            out = out + xp.matrix_transpose(take_per_row(per_key, xp.matrix_transpose(index)))
+            out = out + xp.matrix_transpose(_take_per_row(per_key, xp.matrix_transpose(index)))
     return out
 
 
@@ -418,6 +421,7 @@ def deberta_call(
     return call
 
 
+@computes_in_float32
 def deberta_attention(
     q: Any,
     k: Any,

@@ -20,7 +20,7 @@ from typing import Any
 from .. import _xp
 from .._validate import as_int, check_choice, nonnegative_int, positive_int
 from ..attention import attention
-from ..calls import PLAIN, Call, resolve_call
+from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 from ..layouts import TABLE_ORDERS, pad_flatten_reshape
 from ..positions import check_distances_in_table, distance_range, relative_positions
 from ._tables import check_method, check_table, contract_rows, gather_rows, table_logits
@@ -123,6 +123,7 @@ def _t_max(table: Any) -> int:
     return (n + 1) // 2
 
 
+@computes_in_float32
 def general_logits(
     q: Any,
     table: Any,
@@ -258,6 +259,7 @@ def general_call(
     return call
 
 
+@computes_in_float32
 def general_attention(
     q: Any,
     k: Any,

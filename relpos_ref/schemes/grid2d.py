@@ -18,7 +18,7 @@ from typing import Any
 from .. import _xp
 from .._validate import positive_int
 from ..attention import attention
-from ..calls import PLAIN, Call, resolve_call
+from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 from ..layouts import pad_flatten_reshape
 from ..positions import grid_positions
 from ._tables import check_method, check_table, contract_rows, gather_rows, table_logits
@@ -65,6 +65,7 @@ def grid2d_index(height: int, width: int, /, *, xp: Any, device: Any = None) -> 
     return x[None, :] - x[:, None] + (height - 1), y[None, :] - y[:, None] + (width - 1)
 
 
+@computes_in_float32
 def grid2d_logits(
     q: Any,
     row_table: Any,
@@ -185,6 +186,7 @@ def grid2d_call(
     return call
 
 
+@computes_in_float32
 def grid2d_attention(
     q: Any,
     k: Any,

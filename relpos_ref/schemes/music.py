@@ -18,8 +18,8 @@ from typing import Any
 
 from .. import _xp
 from .._validate import as_int, check_bool, check_choice, nonnegative_int
-from ..attention import attention
-from ..calls import Call, Defaults, resolve_call
+from ..attention import allowed_keys, attention
+from ..calls import Call, Defaults, computes_in_float32, resolve_call
 from ..layouts import pad_flatten_reshape, rel_shift
 from ..positions import (
     _ERROR_POLICY_HINT,
@@ -31,12 +31,13 @@ from ..positions import (
     relative_positions,
 )
 from ._tables import (
+    binned_values,
     check_method,
     check_table,
     check_value_table,
     check_value_width,
     contract_rows,
-    distance_bins,
+    gather_rows,
     gather_valid_rows,
     table_logits,
     weighted_rows,
@@ -128,6 +129,7 @@ def _rows_for_every_distance(xp: Any, table: Any, t_k: int, beyond: str) -> Any:
     return xp.concat([fill, table], axis=-2)
 
 
+@computes_in_float32
 def music_logits(
     q: Any,
     table: Any,
@@ -196,6 +198,7 @@ def music_logits(
     return xp.where(valid, out, zero)
 
 
+@computes_in_float32
 def music_values(
     weights: Any,
     value_table: Any,
@@ -204,6 +207,7 @@ def music_values(
     q_offset: int = 0,
     beyond: str = "clip",
     method: str = "efficient",
+    allowed: Any = None,
 ) -> Any:
     r"""Relative value term :math:`\sum_{j:\, r_{ij} \le 0} w_{ij}\, E^V_{\text{idx}(r_{ij})}`.
 
@@ -214,6 +218,10 @@ def music_values(
         Row ``r + M - 1`` for ``r = -(M-1) .. 0``; future keys get no row.
     q_offset, beyond
         As in `music_logits`.
+    allowed : bool array broadcastable to ``(..., t_q, t_k)``, optional
+        The keys each query attends to (`relpos_ref.allowed_keys`); a row
+        read only through other keys contributes nothing, even NaN. Default:
+        every key.
     method : {"efficient", "definition"}, optional
         ``"efficient"`` sums the weights into the ``M`` distance bins,
         memory ``O(t_q (t_k + M))``.
@@ -240,12 +248,13 @@ def music_values(
         index, valid = music_index(
             t_q, t_k, length=m, q_offset=q_offset, beyond=beyond, xp=xp, device=dev
         )
-        return weighted_rows(weights, gather_valid_rows(value_table, index, valid))
+        used = valid if allowed is None else valid & allowed
+        return weighted_rows(weights, gather_rows(value_table, index), used)
     _check_beyond(t_q, t_k, m, q_offset, beyond)
-    bins = distance_bins(
-        weights, low=-(m - 1), high=0, q_offset=q_offset, clip=beyond == "clip", clip_future=False
+    return binned_values(
+        weights, value_table, low=-(m - 1), high=0, q_offset=q_offset, clip=beyond == "clip",
+        clip_future=False, allowed=allowed,
     )
-    return xp.matmul(bins, value_table)
 
 
 def _length(table: Any) -> int:
@@ -294,6 +303,7 @@ def music_call(
     return call
 
 
+@computes_in_float32
 def music_attention(
     q: Any,
     k: Any,
@@ -352,7 +362,12 @@ def music_attention(
         position=position, return_weights=True,
     )
     if value_table is not None:
+        allowed = allowed_keys(
+            call.t_q, call.t_k, mask=mask, causal=call.causal, q_offset=call.q_offset,
+            xp=call.xp, device=_xp.device(q),
+        )
         out = out + music_values(
-            weights, value_table, q_offset=call.q_offset, beyond=beyond, method=method
+            weights, value_table, q_offset=call.q_offset, beyond=beyond, method=method,
+            allowed=allowed,
         )
     return (out, weights) if check_bool("return_weights", return_weights) else out

@@ -26,7 +26,7 @@ from typing import Any
 from .. import _xp
 from .._validate import as_float, as_int, check_choice
 from ..attention import attention
-from ..calls import PLAIN, Call, resolve_call
+from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 
 __all__ = [
     "DEFAULTS",
@@ -81,6 +81,7 @@ def rope_frequencies(rotary_dim: int, /, *, base: float = 10000.0) -> tuple[floa
     return tuple(base ** (-2.0 * c / rotary_dim) for c in range(rotary_dim // 2))
 
 
+@computes_in_float32
 def rope_rotate(
     x: Any,
     /,
@@ -178,6 +179,7 @@ def rope_call(
     return call
 
 
+@computes_in_float32
 def rope_attention(
     q: Any,
     k: Any,

@@ -19,9 +19,9 @@ from typing import Any
 
 from .. import _xp
 from .._validate import check_bool, check_choice, nonnegative_int
-from ..attention import attention
-from ..calls import PLAIN, Call, resolve_call
-from ..layouts import take_per_row
+from ..attention import allowed_keys, attention
+from ..calls import PLAIN, Call, computes_in_float32, resolve_call
+from ..layouts import _take_per_row
 from ..positions import (
     BEYOND_POLICIES,
     TableIndex,
@@ -30,12 +30,13 @@ from ..positions import (
     table_index,
 )
 from ._tables import (
+    binned_values,
     check_method,
     check_table,
     check_value_table,
     check_value_width,
     contract_rows,
-    distance_bins,
+    gather_rows,
     gather_valid_rows,
     table_logits,
     weighted_rows,
@@ -107,6 +108,7 @@ def shaw_index(
     return table_index(r, k, beyond=beyond)
 
 
+@computes_in_float32
 def shaw_logits(
     q: Any,
     key_table: Any,
@@ -158,12 +160,13 @@ def shaw_logits(
     )
     if method == "definition":
         return contract_rows(q, gather_valid_rows(key_table, index, valid))
-    out = take_per_row(table_logits(q, key_table), index)
+    out = _take_per_row(table_logits(q, key_table), index)
     if beyond == "clip":
         return out
     return xp.where(valid, out, xp.zeros((), dtype=q.dtype, device=_xp.device(q)))
 
 
+@computes_in_float32
 def shaw_values(
     weights: Any,
     value_table: Any,
@@ -172,6 +175,7 @@ def shaw_values(
     q_offset: int = 0,
     beyond: str = "clip",
     method: str = "efficient",
+    allowed: Any = None,
 ) -> Any:
     r"""Value term :math:`\sum_j w_{ij}\, a^V_{\text{idx}(r_{ij})}`.
 
@@ -182,6 +186,10 @@ def shaw_values(
     value_table : floating array, shape ``(2K+1, d_v)`` or ``(h, 2K+1, d_v)``
     q_offset, beyond
         As in `shaw_logits`.
+    allowed : bool array broadcastable to ``(..., t_q, t_k)``, optional
+        The keys each query attends to (`relpos_ref.allowed_keys`); a row
+        read only through other keys contributes nothing, even NaN. Default:
+        every key.
     method : {"efficient", "definition"}, optional
         ``"definition"`` gathers a ``(t_q, t_k, d_v)`` tensor of rows;
         ``"efficient"`` sums the weights into ``2K + 1`` distance bins,
@@ -215,14 +223,17 @@ def shaw_values(
             xp=xp,
             device=_xp.device(weights),
         )
-        return weighted_rows(weights, gather_valid_rows(value_table, index, valid))
+        used = valid if allowed is None else valid & allowed
+        return weighted_rows(weights, gather_rows(value_table, index), used)
     if beyond == "error":
         check_distances_in_table(
             t_q, t_k, q_offset=q_offset, low=-k, high=k, what=f"max_distance={k}"
         )
         beyond = "clip"
-    bins = distance_bins(weights, low=-k, high=k, q_offset=q_offset, clip=beyond == "clip")
-    return xp.matmul(bins, value_table)
+    return binned_values(
+        weights, value_table, low=-k, high=k, q_offset=q_offset, clip=beyond == "clip",
+        allowed=allowed,
+    )
 
 
 def shaw_call(
@@ -274,6 +285,7 @@ def shaw_call(
     return call
 
 
+@computes_in_float32
 def shaw_attention(
     q: Any,
     k: Any,
@@ -334,7 +346,12 @@ def shaw_attention(
         position=position, return_weights=True,
     )
     if value_table is not None:
+        allowed = allowed_keys(
+            call.t_q, call.t_k, mask=mask, causal=call.causal, q_offset=call.q_offset,
+            xp=call.xp, device=_xp.device(q),
+        )
         out = out + shaw_values(
-            weights, value_table, q_offset=call.q_offset, beyond=beyond, method=method
+            weights, value_table, q_offset=call.q_offset, beyond=beyond, method=method,
+            allowed=allowed,
         )
     return (out, weights) if check_bool("return_weights", return_weights) else out

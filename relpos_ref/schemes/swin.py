@@ -19,7 +19,7 @@ from typing import Any
 from .. import _xp
 from .._validate import positive_int
 from ..attention import attention
-from ..calls import PLAIN, Call, resolve_call
+from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 from ..positions import grid_positions
 from ._tables import check_table, gather_scalars
 
@@ -132,6 +132,7 @@ def swin_call(
     return call
 
 
+@computes_in_float32
 def swin_attention(
     q: Any,
     k: Any,

@@ -32,8 +32,8 @@ from typing import Any
 from .. import _xp
 from .._validate import check_bool, nonnegative_int, positive_int
 from ..attention import attention
-from ..calls import Call, Defaults, resolve_call
-from ..positions import relative_positions
+from ..calls import Call, Defaults, computes_in_float32, resolve_call
+from ..positions import check_integer_array, relative_positions
 from ._tables import check_table, count_reached, gather_scalars
 
 __all__ = [
@@ -151,6 +151,8 @@ def t5_bucket(
     Array([31, 16, 15,  1,  0,  0,  0,  0,  0], dtype=array_api_strict.int64)
     """
     xp = _xp.array_namespace(r)
+    check_integer_array(xp, "r", r)
+    bidirectional = check_bool("bidirectional", bidirectional)
     n, max_exact = _halves(num_buckets, max_distance, bidirectional)
     bounds = t5_bucket_boundaries(num_buckets, max_distance, bidirectional)
     dev = _xp.device(r)
@@ -245,6 +247,7 @@ def t5_call(
     return call
 
 
+@computes_in_float32
 def t5_attention(
     q: Any,
     k: Any,

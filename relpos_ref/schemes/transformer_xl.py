@@ -38,7 +38,7 @@ from typing import Any
 from .. import _xp
 from .._validate import as_float, as_int, nonnegative_int
 from ..attention import attention
-from ..calls import Call, Defaults, resolve_call
+from ..calls import Call, Defaults, computes_in_float32, resolve_call
 from ..layouts import rel_shift
 from ..positions import relative_positions
 from ._tables import check_method, check_table, contract_rows
@@ -188,6 +188,7 @@ def _per_head_vector(vector: Any) -> Any:
     return vector if vector.ndim == 1 else vector[:, None, :]
 
 
+@computes_in_float32
 def transformer_xl_rows(delta: Any, w_r: Any, /, *, base: float = 10000.0) -> Any:
     r"""Projected sinusoids :math:`p_\delta = W_R^\top R_\delta` for every entry of `delta`.
 
@@ -221,6 +222,7 @@ def transformer_xl_rows(delta: Any, w_r: Any, /, *, base: float = 10000.0) -> An
     return xp.reshape(rows, (w_r.shape[0], *delta.shape, w_r.shape[-1]))
 
 
+@computes_in_float32
 def transformer_xl_logits(
     q: Any,
     k: Any,
@@ -364,6 +366,7 @@ def transformer_xl_call(
     return call
 
 
+@computes_in_float32
 def transformer_xl_attention(
     q: Any,
     k: Any,
