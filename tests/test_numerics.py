@@ -16,6 +16,7 @@ correct result.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 
@@ -109,21 +110,13 @@ def test_a_non_finite_value_at_a_masked_key_never_reaches_the_output(scheme, bad
     clean[:, 3] = 0.0
 
     def run(values):
-        with kernels.disabled() if not use_kernels else _nothing():
+        with kernels.disabled() if not use_kernels else contextlib.nullcontext():
             return _call(scheme, q, k, values, np.random.default_rng(2), dtype=np.float64,
                          make=np.asarray, mask=mask)
 
     got, want = run(dirty), run(clean)
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
@@ -158,7 +151,7 @@ def test_non_finite_rows_no_pair_reads_never_reach_the_output(scheme, table, use
     dirty = [t.copy() for t in tables]
     dirty[table][unread] = np.nan
     function = getattr(rp, f"{scheme}_attention")
-    with kernels.disabled() if not use_kernels else _nothing():
+    with kernels.disabled() if not use_kernels else contextlib.nullcontext():
         got = function(q, k, v, *dirty)
         slow = function(q, k, v, *dirty, method="definition")
         want = function(q, k, v, *tables)
@@ -269,9 +262,9 @@ def test_the_memory_a_call_needs_is_said_before_it_is_allocated(monkeypatch):
     monkeypatch.setattr(kernels, "available_memory", lambda: 2**30)
     q = np.zeros((8, 8192, 4), dtype=np.float32)  # 2 GiB of float32 scores, twice
     for use_kernels in (True, False):
-        with kernels.disabled() if not use_kernels else _nothing():
-            with pytest.raises(MemoryError, match=r"needs at least 4\.0 GiB .* 1\.0 GiB "
-                                                  r"available; relpos_ref\.blocked"):
-                rp.attention(q, q, q)
+        with (kernels.disabled() if not use_kernels else contextlib.nullcontext(),
+              pytest.raises(MemoryError, match=r"needs at least 4\.0 GiB .* 1\.0 GiB "
+                                               r"available; relpos_ref\.blocked")):
+            rp.attention(q, q, q)
     q = np.zeros((1, 512, 4), dtype=np.float32)
     assert rp.attention(q, q, q).shape == (1, 512, 4)  # 2 MiB is fine
