@@ -53,9 +53,14 @@ def pytest_configure(config: Any) -> None:
 
     try:
         suite = load_suite(directory)
-        config._relpos_ref_entries = suite.select(config.getoption("--golden-select"))
     except SuiteError as exc:
         raise pytest.UsageError(f"--golden-dir: {exc}") from None
+    try:
+        config._relpos_ref_entries = suite.select(
+            config.getoption("--golden-select"), option="--golden-select"
+        )
+    except SuiteError as exc:
+        raise pytest.UsageError(str(exc)) from None
     config._relpos_ref_suite = suite
 
 
@@ -77,5 +82,15 @@ def pytest_generate_tests(metafunc: Any) -> None:
 
 @pytest.fixture
 def golden_case(request: Any) -> Any:
-    """The `relpos_ref.golden.GoldenCase` this test instance runs on."""
-    return request.config._relpos_ref_suite.load(request.param)
+    """The `relpos_ref.golden.GoldenCase` this test instance runs on.
+
+    The case is read through `relpos_ref.golden.Suite.load`: its SHA-256 and
+    a re-derivation of what it claims are checked first, and a case that
+    fails them errors this test with the reason (no traceback).
+    """
+    from .golden import SuiteError
+
+    try:
+        return request.config._relpos_ref_suite.load(request.param)
+    except SuiteError as exc:
+        pytest.fail(f"golden case {request.param}: {exc}", pytrace=False)

@@ -7,14 +7,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = ["assert_matches"]
 
 
-def assert_matches(case: Any, outputs: Mapping[str, Any]) -> None:
+def assert_matches(
+    case: Any, outputs: Mapping[str, Any], *, require: Iterable[str] = ("output",)
+) -> None:
     """Assert that `outputs` match golden `case` within its stored tolerances.
+
+    An implementation that returns the intermediates right and the attention
+    output wrong must not pass, so ``output`` is required by default: leaving
+    it out fails, it is not skipped.
 
     Parameters
     ----------
@@ -24,12 +30,16 @@ def assert_matches(case: Any, outputs: Mapping[str, Any]) -> None:
         Arrays under the case's names (``output``, ``weights``, ``logits``,
         ``position``, ``bias``, ``index``, ...), any subset; NumPy, torch,
         CuPy or JAX arrays.
+    require : iterable of str, default ``("output",)``
+        Names that `outputs` must hold. Pass ``require=()`` to compare only
+        what you pass, e.g. a bias kernel that produces no ``output``.
 
     Raises
     ------
     AssertionError
         With one line per array: the worst element, the tolerance and the
-        ratio of the error to the naive pipeline's.
+        ratio of the error to the naive pipeline's; or naming a required
+        array that `outputs` lacks.
     relpos_ref.golden.ObtainedError
         Unknown names, wrong shapes or dtypes.
 
@@ -47,10 +57,28 @@ def assert_matches(case: Any, outputs: Mapping[str, Any]) -> None:
     ...
     AssertionError: golden case demo does not match:
       output: MISMATCH 1/2, max |err| 0.1 at [1] (obtained 2.0999999, golden 2), atol 1e-06, 1e+06x the naive error
+    >>> assert_matches(case, {"weights": np.ones(2)})
+    Traceback (most recent call last):
+    ...
+    AssertionError: golden case demo: `outputs` lacks 'output' (got ['weights']); pass it, or require=() to compare only the arrays you pass
     """  # noqa: E501
+    if isinstance(require, str):
+        msg = (
+            "`require` must be a collection of names, e.g. ('output',); "
+            f"got the string {require!r}"
+        )
+        raise TypeError(msg)
     if not outputs:
         msg = "`outputs` is empty; pass at least one array, e.g. {'output': out}"
         raise ValueError(msg)
+    missing = [name for name in require if name not in outputs]
+    if missing:
+        names = ", ".join(repr(name) for name in missing)
+        msg = (
+            f"golden case {case.id}: `outputs` lacks {names} (got {sorted(outputs)}); "
+            "pass it, or require=() to compare only the arrays you pass"
+        )
+        raise AssertionError(msg)
     results = case.compare(outputs)
     bad = [r for r in results if not r.passed]
     if bad:

@@ -397,7 +397,7 @@ def test_check_rejects_a_narrower_dtype(suite_dir, tmp_path):
 
 def test_check_needs_at_least_one_matching_file(suite_dir, tmp_path):
     (tmp_path / "mine").mkdir()
-    with pytest.raises(golden.SuiteError, match="holds no file named like a case"):
+    with pytest.raises(golden.SuiteError, match="holds no file named like a selected case"):
         golden.check(suite_dir, tmp_path / "mine")
 
 

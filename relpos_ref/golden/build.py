@@ -28,6 +28,7 @@ from .cases import Case
 from .dtypes import dtype_name
 from .fileformat import EXTENSIONS, FORMATS, array_sha256, dumps
 from .manifest import FORMAT_VERSION, MANIFEST, SCHEMA, render, schema_path
+from .paths import SuiteError, entries
 from .pipeline import golden_arrays, naive_arrays, naive_method
 from .progress import Progress
 from .tolerance import RULE, derive_tolerance
@@ -41,7 +42,6 @@ __all__ = [
     "generate",
     "golden_backend",
     "goldens_on",
-    "suite_files",
 ]
 
 GOLDEN_BACKENDS = ("numpy", "torch", "jax", "cupy")
@@ -51,10 +51,6 @@ NAIVE_PIPELINE = (
     "logits, weights, output) stored in the dtype under test; float32/float64 computed in "
     "that dtype, float16/bfloat16 computed in float32 and rounded to 16 bits after each stage"
 )
-
-
-class SuiteError(ValueError):
-    """A problem with a suite directory or a request on it, said in one line."""
 
 
 # -- computing one case -------------------------------------------------------
@@ -185,19 +181,12 @@ class GenerateResult:
     status: str
 
 
-def suite_files(root: Path) -> dict[str, Path]:
-    return {
-        p.relative_to(root).as_posix(): p
-        for p in sorted(root.rglob("*"))
-        if p.is_file() or p.is_symlink()
-    }
-
-
 def _same_tree(a: Path, b: Path) -> bool:
-    fa, fb = suite_files(a), suite_files(b)
-    return fa.keys() == fb.keys() and all(
-        fa[n].read_bytes() == fb[n].read_bytes() for n in fa
-    )
+    # Whether two suites hold the same plain files with the same bytes.
+    fa, fb = entries(a), entries(b)
+    if fa != fb or any(kind != "file" for kind in fa.values()):
+        return False
+    return all((a / n).read_bytes() == (b / n).read_bytes() for n in fa)
 
 
 def generate(

@@ -219,8 +219,12 @@ def _resolve_defaults(entry: catalog.Scheme, p: dict[str, Any]) -> None:
         p["scale"] = entry.scale(p["d"], present)
 
 
-def select_ids(ids: Sequence[str], patterns: Sequence[str], *, hint: str) -> set[str]:
+def select_ids(
+    ids: Sequence[str], patterns: Sequence[str], *, hint: str, option: str = "--select"
+) -> set[str]:
     """The ids matching any glob in `patterns`; a glob that matches none is an error.
+
+    The error names `option`, the flag the user typed the glob after.
 
     Examples
     --------
@@ -229,7 +233,7 @@ def select_ids(ids: Sequence[str], patterns: Sequence[str], *, hint: str) -> set
     """
     for pattern in patterns:
         if not any(fnmatch.fnmatchcase(i, pattern) for i in ids):
-            msg = f"--select {pattern!r} matches no case; {hint}"
+            msg = f"{option} {pattern!r} matches no case; {hint}"
             raise ValueError(msg)
     return {i for i in ids if any(fnmatch.fnmatchcase(i, p) for p in patterns)}
 

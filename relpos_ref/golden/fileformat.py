@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import struct
 import sys
 import zipfile
@@ -32,12 +33,21 @@ from .dtypes import dtype_name, numpy_dtype
 __all__ = [
     "EXTENSIONS",
     "FORMATS",
+    "MAX_HEADER_BYTES",
+    "MAX_JSON_DEPTH",
     "CorruptFileError",
     "array_sha256",
     "canonical_bytes",
     "dumps",
+    "json_depth",
     "load",
+    "loads_file",
 ]
+
+#: A safetensors header longer than this is refused before it is decoded.
+MAX_HEADER_BYTES = 2**24
+#: JSON (headers, manifests) nested deeper than this is refused before it is parsed.
+MAX_JSON_DEPTH = 32
 
 FORMATS = ("safetensors", "npz")
 EXTENSIONS = {"safetensors": ".safetensors", "npz": ".npz"}
@@ -90,6 +100,34 @@ def dumps(arrays: Mapping[str, np.ndarray], fmt: str) -> bytes:
     raise ValueError(msg)
 
 
+def json_depth(text: bytes) -> int:
+    """How deeply `text`'s JSON nests arrays and objects, by a scan that parses nothing.
+
+    Examples
+    --------
+    >>> json_depth(b'{"a": [1, {"b": "[["}]}')
+    3
+    """
+    depth = top = 0
+    in_string = escaped = False
+    for byte in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            top = max(top, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return top
+
+
 def load(path: Path, *, dtypes: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
     """Read the arrays of one case file (format from the suffix).
 
@@ -107,7 +145,14 @@ def load(path: Path, *, dtypes: Mapping[str, str] | None = None) -> dict[str, np
         Truncated or malformed files, with the reason.
     """
     path = Path(path)
-    data = path.read_bytes()
+    return loads_file(path.read_bytes(), path, dtypes=dtypes)
+
+
+def loads_file(
+    data: bytes, path: Path, *, dtypes: Mapping[str, str] | None = None
+) -> dict[str, np.ndarray]:
+    """`load` of bytes already read from `path` (the suffix says the format)."""
+    path = Path(path)
     if path.suffix == ".safetensors":
         return _loads_safetensors(data, path)
     if path.suffix == ".npz":
@@ -141,10 +186,14 @@ def _loads_safetensors(data: bytes, path: Path) -> dict[str, np.ndarray]:
     if len(data) < 8:
         raise corrupt(f"{len(data)} bytes, too short for a header")
     (n,) = struct.unpack("<Q", data[:8])
-    if 8 + n > len(data):
-        raise corrupt(f"header of {n} bytes runs past the end; the file is truncated")
+    if n > min(len(data) - 8, MAX_HEADER_BYTES):
+        raise corrupt(f"header of {n} bytes runs past the end or a sane size "
+                      f"({len(data) - 8} bytes follow); the file is truncated or forged")
+    text = data[8 : 8 + n]
+    if json_depth(text) > MAX_JSON_DEPTH:
+        raise corrupt(f"header nests deeper than {MAX_JSON_DEPTH} levels")
     try:
-        header = json.loads(data[8 : 8 + n].decode())
+        header = json.loads(text.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise corrupt(f"header is not JSON: {exc}") from None
     if not isinstance(header, dict):
@@ -156,11 +205,11 @@ def _loads_safetensors(data: bytes, path: Path) -> dict[str, np.ndarray]:
     for name, entry in header.items():
         try:
             dtype = numpy_dtype(_ST_NAMES[entry["dtype"]])
-            shape = tuple(int(s) for s in entry["shape"])
-            start, stop = (int(o) for o in entry["data_offsets"])
+            shape = tuple(_dimension(s) for s in entry["shape"])
+            start, stop = (_dimension(o) for o in entry["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise corrupt(f"bad header entry for {name!r}") from None
-        if stop - start != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or start < 0:
+        if stop - start != math.prod(shape) * dtype.itemsize:
             raise corrupt(f"byte range of {name!r} does not match its shape and dtype")
         if stop > len(body):
             raise corrupt(f"{name!r} runs past the end; the file is truncated")
@@ -189,14 +238,62 @@ def _dumps_npz(arrays: Mapping[str, np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
+def _dimension(value: Any) -> int:
+    # A shape entry or byte offset of a header: a non-negative integer, nothing else.
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        msg = f"not a non-negative integer: {value!r}"
+        raise ValueError(msg)
+    return value
+
+
+#: An npz member may expand to at most this many times the file's size (zip bombs).
+_MAX_EXPANSION = 1024
+
+
 def _loads_npz(data: bytes, path: Path, dtypes: Mapping[str, str]) -> dict[str, np.ndarray]:
+    # Each member's .npy header (shape, dtype) is checked against the member's size, and
+    # the sizes against the file's, before any array is allocated or decompressed.
+    def corrupt(why: str) -> CorruptFileError:
+        return CorruptFileError(f"{path}: not a valid npz file ({why})")
+
+    out = {}
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            out = {name: z[name] for name in z.files}
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
-        msg = f"{path}: not a valid npz file ({exc}); the file may be truncated"
-        raise CorruptFileError(msg) from None
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy") or "/" in info.filename:
+                    raise corrupt(f"member {info.filename!r} is not a flat .npy array")
+                if info.file_size > _MAX_EXPANSION * max(len(data), 2**20):
+                    raise corrupt(f"member {info.filename!r} would expand to "
+                                  f"{info.file_size} bytes")
+                with zf.open(info) as member:
+                    out[info.filename[:-4]] = _read_npy(member, info.file_size, corrupt)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, struct.error) as exc:
+        if isinstance(exc, CorruptFileError):
+            raise
+        raise corrupt(f"{exc}; the file may be truncated") from None
     for name, a in out.items():
         if dtypes.get(name) == "bfloat16" and a.dtype == np.uint16:
             out[name] = a.view(numpy_dtype("bfloat16"))
     return out
+
+
+def _read_npy(member: Any, size: int, corrupt: Any) -> np.ndarray:
+    version = np.lib.format.read_magic(member)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(member, max_header_size=2**16)
+    elif version in ((2, 0), (3, 0)):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(member, max_header_size=2**16)
+    else:
+        raise corrupt(f"unknown .npy version {version}")
+    if dtype.hasobject or dtype.kind not in "biuf":
+        raise corrupt(f"dtype {dtype} is not a number or bool")
+    expected = math.prod(shape) * dtype.itemsize
+    remaining = size - member.tell()
+    if expected != remaining:
+        raise corrupt(f"an array of shape {shape} and dtype {dtype} needs {expected} bytes, "
+                      f"the member holds {remaining}")
+    raw = member.read(expected)
+    if len(raw) != expected:
+        raise corrupt("the member ends early")
+    a = np.frombuffer(raw, dtype=dtype).copy()
+    return a.reshape(shape, order="F" if fortran else "C")

@@ -31,6 +31,10 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SCHEMA = "manifest.schema.json"
 ROLES = ("input", "index", "golden")
+#: A manifest larger than this is refused before it is read.
+MAX_MANIFEST_BYTES = 2**28
+_EXTENSIONS = {"safetensors": ".safetensors", "npz": ".npz"}
+_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "bool")
 
 
 class ManifestError(ValueError):
@@ -63,6 +67,14 @@ def parse(data: bytes, *, where: str = MANIFEST) -> dict[str, Any]:
     ManifestError
         With the first problem found.
     """
+    from .fileformat import MAX_JSON_DEPTH, json_depth
+
+    if len(data) > MAX_MANIFEST_BYTES:
+        msg = f"{where} has {len(data)} bytes, more than a manifest can ({MAX_MANIFEST_BYTES})"
+        raise ManifestError(msg)
+    if json_depth(data) > MAX_JSON_DEPTH:
+        msg = f"{where} nests JSON deeper than {MAX_JSON_DEPTH} levels; it is not a manifest"
+        raise ManifestError(msg)
     try:
         manifest = json.loads(data.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -103,6 +115,13 @@ def check_structure(manifest: Any, *, where: str = MANIFEST) -> None:
         raise ManifestError(msg)
     for key, kind in (("digest", str), ("format", str), ("generator", dict), ("cases", list)):
         _need(manifest, key, kind, where)
+    if manifest["format"] not in _EXTENSIONS:
+        msg = f"{where}: format {manifest['format']!r} is not one of {', '.join(_EXTENSIONS)}"
+        raise ManifestError(msg)
+    if not manifest["cases"]:
+        msg = f"{where}: the suite has no case"
+        raise ManifestError(msg)
+    ids = [c.get("id") if isinstance(c, dict) else None for c in manifest["cases"]]
     for n, case in enumerate(manifest["cases"]):
         at = f"{where}: cases[{n}]"
         for key, kind in (
@@ -117,12 +136,28 @@ def check_structure(manifest: Any, *, where: str = MANIFEST) -> None:
             ("arrays", dict),
         ):
             _need(case, key, kind, at)
+        if ids.count(case["id"]) > 1:
+            msg = f"{at}: case id {case['id']!r} appears more than once"
+            raise ManifestError(msg)
+        expected = case["id"].replace("/", "__") + _EXTENSIONS[manifest["format"]]
+        if case["file"] != expected or "/" in expected or "\\" in expected or \
+                expected.startswith("."):
+            msg = (f"{at}: file {case['file']!r} is not the bare file name of case "
+                   f"{case['id']!r} ({expected!r}); a suite is one flat directory")
+            raise ManifestError(msg)
         for name, entry in case["arrays"].items():
             a_at = f"{at} array {name!r}"
             for key, kind in (("role", str), ("dtype", str), ("shape", list), ("sha256", str)):
                 _need(entry, key, kind, a_at)
             if entry["role"] not in ROLES:
                 msg = f"{a_at}: unknown role {entry['role']!r}"
+                raise ManifestError(msg)
+            if entry["dtype"] not in _DTYPES:
+                msg = f"{a_at}: unknown dtype {entry['dtype']!r} (known: {', '.join(_DTYPES)})"
+                raise ManifestError(msg)
+            shape = entry["shape"]
+            if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+                msg = f"{a_at}: shape {shape!r} is not a list of non-negative integers"
                 raise ManifestError(msg)
             if entry["role"] == "golden":
                 tol = _need(entry, "tolerance", dict, a_at)

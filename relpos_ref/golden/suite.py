@@ -8,6 +8,7 @@ recomputation (`verify`) and compares a user's results with it (`check`).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,26 +19,21 @@ import numpy as np
 
 from .build import (
     GOLDEN_BACKENDS,
+    NAIVE_PIPELINE,
     GenerateResult,
-    GoldenBackend,
-    SuiteError,
     generate,
     golden_backend,
     goldens_on,
-    suite_files,
 )
 from .cases import Case, select_ids
 from .compare import ArrayResult, ObtainedError, compare_arrays
 from .dtypes import ulp
-from .fileformat import CorruptFileError, array_sha256, load
-from .manifest import (
-    MANIFEST,
-    SCHEMA,
-    ManifestError,
-    parse,
-    schema_path,
-)
+from .fileformat import CorruptFileError, array_sha256, loads_file
+from .manifest import MANIFEST, SCHEMA, ManifestError, parse, schema_path
+from .paths import SuiteError, entries, plain_file
+from .pipeline import naive_arrays, naive_method
 from .progress import Progress
+from .tolerance import RULE, derive_tolerance
 
 __all__ = [
     "GOLDEN_BACKENDS",
@@ -47,6 +43,7 @@ __all__ = [
     "Suite",
     "SuiteError",
     "VerifyReport",
+    "case_problems",
     "check",
     "generate",
     "load_suite",
@@ -136,43 +133,68 @@ class Suite:
         self.manifest = manifest
         self.cases = {c["id"]: c for c in manifest["cases"]}
 
-    def select(self, patterns: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """Entries whose id matches any of the globs (all when none is given)."""
+    def select(
+        self, patterns: Sequence[str] | None = None, *, option: str = "--select"
+    ) -> list[dict[str, Any]]:
+        """Entries whose id matches any of the globs (all when none is given).
+
+        A glob that matches no case is a `SuiteError` naming `option`, the
+        flag the glob came from.
+        """
         entries = list(self.cases.values())
         if not patterns:
             return entries
+        example = next(iter(self.cases), None)
+        hint = f"{self.path} holds {len(self.cases)} cases, e.g. {example!r}"
         try:
-            keep = select_ids(list(self.cases), patterns, hint=f"the suite is {self.path}")
+            keep = select_ids(list(self.cases), patterns, hint=hint, option=option)
         except ValueError as exc:
             raise SuiteError(str(exc)) from None
         return [e for e in entries if e["id"] in keep]
 
-    def load(self, case_id: str) -> GoldenCase:
-        """Read case `case_id`, checking its file hash first."""
+    def load(self, case_id: str, *, rederive: bool = True) -> GoldenCase:
+        """Read case `case_id`: its file's SHA-256 first, then (by default) a re-derivation.
+
+        `rederive` recomputes what the case claims (`case_problems`): an edit
+        of the manifest that keeps its hashes consistent is refused here too,
+        so `check` and the pytest plugin never hand a forged scale or
+        tolerance to the code under test.
+        """
         if case_id not in self.cases:
             msg = f"{self.path} has no case {case_id!r}"
             raise SuiteError(msg)
         entry = self.cases[case_id]
-        path = self.path / entry["file"]
-        if not path.is_file():
-            msg = f"{path} is missing; run `relpos-ref verify {self.path}`"
+        path = plain_file(self.path, entry["file"])
+        if path is None:
+            msg = f"{self.path / entry['file']} is missing; run `relpos-ref verify {self.path}`"
             raise SuiteError(msg)
         data = path.read_bytes()
         if hashlib.sha256(data).hexdigest() != entry["file_sha256"]:
             msg = f"{path} does not match its SHA-256 in the manifest; regenerate the suite"
             raise SuiteError(msg)
-        dtypes = {n: a["dtype"] for n, a in entry["arrays"].items()}
-        return GoldenCase(entry, load(path, dtypes=dtypes))
+        try:
+            dtypes = {name: array["dtype"] for name, array in entry["arrays"].items()}
+            arrays = loads_file(data, path, dtypes=dtypes)
+        except (CorruptFileError, ValueError) as exc:
+            raise SuiteError(str(exc)) from None
+        if rederive:
+            problems = case_problems(entry, arrays)
+            if problems:
+                msg = f"{path}: {problems[0]}" + (
+                    f" (and {len(problems) - 1} more; run `relpos-ref verify {self.path}`)"
+                    if len(problems) > 1 else "")
+                raise SuiteError(msg)
+        return GoldenCase(entry, arrays)
 
 
 def load_suite(path: str | os.PathLike[str]) -> Suite:
-    """Open a suite directory, checking its manifest (structure, digest, version)."""
+    """Open a suite directory, checking its manifest (structure, digest, version, names)."""
     path = Path(path)
     if not path.is_dir():
         msg = f"{path} is not a directory; generate one with `relpos-ref generate --out {path}`"
         raise SuiteError(msg)
-    mpath = path / MANIFEST
-    if not mpath.is_file():
+    mpath = plain_file(path, MANIFEST)
+    if mpath is None:
         msg = f"{path} has no {MANIFEST}; is it a golden suite?"
         raise SuiteError(msg)
     try:
@@ -180,6 +202,108 @@ def load_suite(path: str | os.PathLike[str]) -> Suite:
     except ManifestError as exc:
         raise SuiteError(str(exc)) from None
     return Suite(path, manifest)
+
+
+# -- re-deriving a case --------------------------------------------------------------
+
+
+def case_problems(
+    entry: dict[str, Any], stored: Mapping[str, np.ndarray], *, backend: str = "numpy"
+) -> list[str]:
+    """What does not follow from the case's own parameters, from scratch.
+
+    The case is rebuilt from its scheme, variant, dtype, seed and parameters
+    (a case the library does not know is a problem), and compared with its
+    entry and arrays: the id, every parameter, the resolved ``scale``, the
+    naive method; the arrays' names, roles and dtypes; the inputs (bit for
+    bit from the seed); the integer intermediates (exactly); the float64
+    goldens (within `RECOMPUTE_ULPS` ulps); and each tolerance: the rule's
+    ``k``, ``rtol``, ``ulp_floor``, ``max_abs_golden`` and ``atol``, and an
+    ``e_max`` within a factor of 2 (and one ulp) of the naive pipeline run
+    again here.
+    """
+    cid = entry["id"]
+    try:
+        case = Case.make(entry["scheme"], entry["variant"], dtype=entry["dtype"],
+                         seed=entry["seed"], **entry["params"])
+    except (ValueError, TypeError) as exc:
+        return [f"{cid}: the library does not know this case ({exc})"]
+    problems = []
+    if case.id != cid:
+        return [f"{cid}: the parameters describe case {case.id}, not this id"]
+    params = json.loads(json.dumps(case.parameters))
+    for name in sorted(set(params) | set(entry["params"])):
+        have, want = entry["params"].get(name, "absent"), params.get(name, "absent")
+        if _json(have) != _json(want):  # 4.0 is not 4, 1 is not true
+            problems.append(f"{cid}: parameter `{name}` is {have!r}, the case's own is {want!r}")
+    if _json(entry.get("scale")) != _json(case.parameters["scale"]):
+        problems.append(f"{cid}: scale {entry.get('scale')!r} is not the case's "
+                        f"{case.parameters['scale']!r}")
+    if entry.get("naive_method") != naive_method(case):
+        problems.append(f"{cid}: naive_method {entry.get('naive_method')!r} is not "
+                        f"{naive_method(case)!r}")
+    inputs = case.inputs()
+    fresh = goldens_on(case, inputs, golden_backend(backend))
+    roles = {**dict.fromkeys(inputs, "input"),
+             **{n: "golden" if a.dtype.kind == "f" else "index" for n, a in fresh.items()}}
+    for name in sorted(set(roles) | set(entry["arrays"]) | set(stored)):
+        info = entry["arrays"].get(name)
+        if name not in roles or info is None or name not in stored:
+            problems.append(f"{cid}: array `{name}` is not one the case has, or is not stored "
+                            f"and declared alike")
+        elif info["role"] != roles[name]:
+            problems.append(f"{cid}: `{name}` is declared {info['role']!r}, it is "
+                            f"{roles[name]!r}")
+    if problems:
+        return problems
+    for name, a in inputs.items():
+        if array_sha256(a) != array_sha256(stored[name]):
+            problems.append(f"{cid}: input `{name}` differs from its regeneration from the seed")
+    if problems:
+        return problems
+    naive = naive_arrays(case, inputs)
+    for name, a in fresh.items():
+        want = stored[name]
+        if roles[name] == "index":
+            if a.shape != want.shape or not np.array_equal(a, want):
+                problems.append(f"{cid}: `{name}` differs from its recomputation")
+            continue
+        problems += _golden_problems(cid, name, a, want, naive[name], entry["arrays"][name],
+                                     case.dtype)
+    return problems
+
+
+def _json(value: Any) -> str:
+    # Values compared as their JSON text, so types count (4.0 != 4, 1 != true).
+    return json.dumps(value, sort_keys=True)
+
+
+def _golden_problems(cid: str, name: str, fresh: np.ndarray, want: np.ndarray,
+                     naive: np.ndarray, info: Mapping[str, Any], dtype: str) -> list[str]:
+    if fresh.shape != want.shape:
+        return [f"{cid}: `{name}` has shape {want.shape}, its recomputation {fresh.shape}"]
+    top = float(np.abs(want).max()) if want.size else 0.0
+    limit = RECOMPUTE_ULPS * ulp(top, "float64")
+    diff = float(np.abs(fresh - want).max()) if want.size else 0.0
+    problems = []
+    if not diff <= limit:
+        problems.append(f"{cid}: `{name}` differs from its recomputation by {diff:.3g} "
+                        f"(allowed {limit:.3g})")
+    tol, again = info["tolerance"], derive_tolerance(want, naive, dtype)
+    slack = ulp(top, dtype)
+    plausible = tol["e_max"] <= 2 * again["e_max"] + slack and \
+        again["e_max"] <= 2 * tol["e_max"] + slack
+    rule = max(tol["k"] * tol["e_max"], 2.0 * ulp(top, dtype))
+    if not plausible:
+        problems.append(f"{cid}: `{name}` e_max {tol['e_max']:.3g} is not the naive pipeline's "
+                        f"({again['e_max']:.3g} here)")
+    for key in ("k", "rtol", "ulp_floor", "rule"):
+        if tol.get(key) != again[key]:
+            problems.append(f"{cid}: `{name}` tolerance field `{key}` is {tol.get(key)!r}, "
+                            f"the rule's is {again[key]!r}")
+    if tol["atol"] != rule or tol["max_abs_golden"] != top:
+        problems.append(f"{cid}: `{name}` tolerance does not follow the rule from its inputs")
+    return problems
 
 
 # -- verify -------------------------------------------------------------------
@@ -202,50 +326,57 @@ class VerifyReport:
 def verify(
     path: str | os.PathLike[str], *, backend: str = "numpy", progress: Progress | None = None
 ) -> VerifyReport:
-    """Check a suite: hashes first, then recompute every case and compare.
+    """Check a suite: its files and hashes, then re-derive every case from scratch.
 
     1. The manifest parses, has the supported ``format_version``, its digest
-       matches and it is in canonical form (no edits by hand).
-    2. The directory holds exactly the manifest, the schema and one file per
-       case: missing and extra files are reported.
+       matches, it is in canonical form, and every case's file is the bare
+       name its id implies.
+    2. The directory holds exactly the manifest, the schema and one plain
+       file per case: missing, extra, linked or nested entries are reported.
     3. Each file's SHA-256, then each array's name, dtype, shape and SHA-256.
-    4. Each case is rebuilt from its entry: the id, the inputs (bit for bit),
-       the integer intermediates (exactly), the float64 goldens (within
-       ``RECOMPUTE_ULPS`` float64 ulps of ``max|golden|``) and each tolerance
-       against the rule applied to its stored inputs.
+    4. Each case is re-derived (`case_problems`): parameters, scale, roles,
+       inputs, intermediates, goldens and tolerances. A case the library
+       does not know is reported as such.
     """
     suite = load_suite(path)
     report = VerifyReport(suite.path)
-    be = golden_backend(backend)
+    golden_backend(backend)  # an unknown backend is refused before any work
+    manifest = suite.manifest
+    for key, want in (("tolerance_rule", RULE), ("naive_pipeline", NAIVE_PIPELINE)):
+        if manifest.get(key) != want:
+            report.problems.append(f"{MANIFEST}: `{key}` is not the one this relpos-ref uses")
     expected = {MANIFEST, SCHEMA} | {e["file"] for e in suite.cases.values()}
-    present = set(suite_files(suite.path))
-    report.problems += [f"missing file: {n}" for n in sorted(expected - present)]
-    report.problems += [f"unexpected file: {n}" for n in sorted(present - expected)]
-    if SCHEMA in present and (suite.path / SCHEMA).read_bytes() != schema_path().read_bytes():
+    found = entries(suite.path)
+    report.problems += [f"missing file: {n}" for n in sorted(expected - set(found))]
+    report.problems += [f"unexpected {kind}: {n}" for n, kind in found.items()
+                        if n not in expected]
+    report.problems += [f"{n} is a {kind}, not a plain file" for n, kind in found.items()
+                        if n in expected and kind != "file"]
+    if found.get(SCHEMA) == "file" and (suite.path / SCHEMA).read_bytes() != \
+            schema_path().read_bytes():
         report.problems.append(f"{SCHEMA} differs from the schema this relpos-ref publishes")
-    entries = list(suite.cases.values())
-    bar = progress or Progress(len(entries), "verify", enabled=False)
+    cases = list(suite.cases.values())
+    bar = progress or Progress(len(cases), "verify", enabled=False)
     with bar:
-        for entry in entries:
+        for entry in cases:
             report.cases += 1
-            report.problems += _verify_case(suite, entry, be, report)
+            if found.get(entry["file"]) == "file":
+                report.problems += _verify_case(suite, entry, backend, report)
             bar.advance(entry["id"])
     return report
 
 
 def _verify_case(
-    suite: Suite, entry: dict[str, Any], be: GoldenBackend, report: VerifyReport
+    suite: Suite, entry: dict[str, Any], backend: str, report: VerifyReport
 ) -> list[str]:
     cid = entry["id"]
-    fpath = suite.path / entry["file"]
-    if not fpath.is_file():
-        return []  # reported as a missing file
-    data = fpath.read_bytes()
+    data = (suite.path / entry["file"]).read_bytes()
     problems = []
     if hashlib.sha256(data).hexdigest() != entry["file_sha256"]:
         problems.append(f"{entry['file']}: SHA-256 differs from the manifest (file changed)")
     try:
-        stored = load(fpath, dtypes={n: a["dtype"] for n, a in entry["arrays"].items()})
+        stored = loads_file(data, suite.path / entry["file"],
+                            dtypes={n: a["dtype"] for n, a in entry["arrays"].items()})
     except (CorruptFileError, ValueError) as exc:
         return [*problems, str(exc)]
     if stored.keys() != entry["arrays"].keys():
@@ -263,68 +394,33 @@ def _verify_case(
             problems.append(f"{cid}: `{name}` SHA-256 differs from the manifest (data changed)")
     if problems:
         return problems
-    return _recompute(entry, stored, be)
-
-
-def _recompute(
-    entry: dict[str, Any], stored: dict[str, np.ndarray], be: GoldenBackend
-) -> list[str]:
-    cid = entry["id"]
-    try:
-        case = Case.make(
-            entry["scheme"], entry["variant"], dtype=entry["dtype"], seed=entry["seed"],
-            **entry["params"],
-        )
-    except (ValueError, TypeError) as exc:
-        return [f"{cid}: cannot rebuild the case from the manifest ({exc})"]
-    if case.id != cid:
-        return [f"{cid}: the parameters describe case {case.id}, not this id"]
-    problems = []
-    inputs = case.inputs()
-    for name, a in inputs.items():
-        if name not in stored or array_sha256(a) != array_sha256(stored[name]):
-            problems.append(f"{cid}: input `{name}` differs from its regeneration from the seed")
-    if problems:
-        return problems
-    fresh = goldens_on(case, inputs, be)
-    for name, a in fresh.items():
-        info = entry["arrays"].get(name)
-        if info is None:
-            problems.append(f"{cid}: recomputation gives `{name}`, which the file lacks")
-            continue
-        want = stored[name]
-        if info["role"] == "index":
-            if not np.array_equal(a, want):
-                problems.append(f"{cid}: `{name}` differs from its recomputation")
-            continue
-        top = float(np.abs(want).max()) if want.size else 0.0
-        limit = RECOMPUTE_ULPS * ulp(top, "float64")
-        diff = float(np.abs(a - want).max()) if want.size else 0.0
-        if not diff <= limit:
-            problems.append(
-                f"{cid}: `{name}` differs from its recomputation by {diff:.3g} "
-                f"(allowed {limit:.3g})"
-            )
-        tol = info["tolerance"]
-        rule = max(tol["k"] * tol["e_max"], 2.0 * ulp(top, case.dtype))
-        if tol["atol"] != rule or tol["max_abs_golden"] != top:
-            problems.append(f"{cid}: `{name}` tolerance does not follow the rule from its inputs")
-    return problems
+    return case_problems(entry, stored, backend=backend)
 
 
 # -- check --------------------------------------------------------------------
 
+#: What a result file must hold for its case to count: the case's output.
+REQUIRED = ("output",)
+
 
 @dataclass
 class CheckReport:
-    """Results of `check`: per case, the array comparisons; cases without a file are skipped."""
+    """Results of `check`: per case, the array comparisons and what was missing.
+
+    A case matches only when every array in `REQUIRED` was given and every
+    array given is within its tolerance.
+    """
 
     results: dict[str, list[ArrayResult]] = field(default_factory=dict)
+    incomplete: dict[str, list[str]] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+
+    def _passed(self, cid: str) -> bool:
+        return cid not in self.incomplete and all(r.passed for r in self.results[cid])
 
     @property
     def ok(self) -> bool:
-        return all(r.passed for rs in self.results.values() for r in rs)
+        return all(self._passed(cid) for cid in self.results)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -334,7 +430,8 @@ class CheckReport:
             "not_provided": self.missing,
             "cases": {
                 cid: {
-                    "passed": all(r.passed for r in rs),
+                    "passed": self._passed(cid),
+                    "missing_outputs": self.incomplete.get(cid, []),
                     "arrays": {r.name: r.as_dict() for r in rs},
                 }
                 for cid, rs in self.results.items()
@@ -345,10 +442,12 @@ class CheckReport:
         """Readable report: failing cases with every array, passing ones in a count."""
         failed = 0
         for cid, rs in self.results.items():
-            bad = not all(r.passed for r in rs)
+            bad = not self._passed(cid)
             failed += bad
             if bad or verbose:
                 yield f"{'FAIL' if bad else 'ok  '} {cid}"
+                for name in self.incomplete.get(cid, []):
+                    yield f"     {name}: MISSING, the results must hold the case's `{name}`"
                 for r in rs:
                     yield f"     {r.summary()}"
         yield (
@@ -357,13 +456,37 @@ class CheckReport:
         )
 
 
-def _obtained_file(obtained: Path, entry: dict[str, Any]) -> Path | None:
-    stem = entry["file"].rsplit(".", 1)[0]
-    for ext in (".safetensors", ".npz"):
-        candidate = obtained / (stem + ext)
-        if candidate.is_file():
-            return candidate
-    return None
+def _result_files(obtained: Path, suite: Suite) -> dict[str, str]:
+    """The result file of each case of the suite found in `obtained` (name by case id).
+
+    Every entry of `obtained` must be a plain file named like a case of the
+    suite (``.safetensors`` or ``.npz``), one per case; anything else is refused,
+    named.
+    """
+    stems = {e["file"].rsplit(".", 1)[0]: cid for cid, e in suite.cases.items()}
+    found: dict[str, list[str]] = {}
+    strangers = []
+    for name, kind in entries(obtained).items():
+        stem, dot, ext = name.rpartition(".")
+        if kind != "file":
+            msg = f"{obtained / name} is a {kind}; results are plain files, one per case"
+            raise SuiteError(msg)
+        if not dot or f".{ext}" not in (".safetensors", ".npz") or stem not in stems:
+            strangers.append(name)
+            continue
+        found.setdefault(stems[stem], []).append(name)
+    if strangers:
+        listed = ", ".join(strangers[:5]) + (f" and {len(strangers) - 5} more"
+                                             if len(strangers) > 5 else "")
+        msg = (f"{obtained} holds file(s) named like no case of {suite.path}: {listed}; "
+               "results are one .safetensors or .npz file per case, named like the suite's")
+        raise SuiteError(msg)
+    for cid, names in found.items():
+        if len(names) > 1:
+            msg = (f"{obtained} holds {' and '.join(sorted(names))} for case {cid}: which one "
+                   "is the result? Keep one")
+            raise SuiteError(msg)
+    return {cid: names[0] for cid, names in found.items()}
 
 
 def check(
@@ -379,42 +502,59 @@ def check(
     golden : path
         The suite directory.
     obtained : path
-        A directory with one ``.safetensors`` or ``.npz`` file per case,
-        named like the suite's, holding any subset of the case's arrays under
-        the same names.
+        A directory of plain files, one ``.safetensors`` or ``.npz`` per case,
+        named like the suite's, holding the case's ``output`` and any other
+        arrays of the case under the same names.
     select : sequence of str, optional
         Globs over case ids.
 
     Raises
     ------
     SuiteError
-        No obtained file matches a case, or arrays cannot be compared
-        (wrong name, shape or dtype) or read.
+        No file matches a selected case; a file named like no case, two files
+        for one case, a directory or link in place of a file, a copy of a
+        golden file, results in the suite itself; arrays that cannot be
+        compared (wrong name, shape or dtype) or read; a case whose manifest
+        entry does not re-derive.
     """
     suite = load_suite(golden)
     obtained = Path(obtained)
     if not obtained.is_dir():
         msg = f"{obtained} is not a directory of results (one file per case)"
         raise SuiteError(msg)
+    if obtained.resolve() == suite.path.resolve():
+        msg = f"{obtained} is the suite itself; results go in a directory of their own"
+        raise SuiteError(msg)
+    files = _result_files(obtained, suite)
     report = CheckReport()
     errors = []
-    for entry in suite.select(select):
-        path = _obtained_file(obtained, entry)
-        if path is None:
-            report.missing.append(entry["id"])
+    selected = suite.select(select)
+    for entry in selected:
+        cid = entry["id"]
+        if cid not in files:
+            report.missing.append(cid)
             continue
-        case = suite.load(entry["id"])
+        path = obtained / files[cid]
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() == entry["file_sha256"]:
+            msg = f"{path} is a copy of the golden file of case {cid}, not results"
+            raise SuiteError(msg)
+        case = suite.load(cid)
         try:
-            got = load(path, dtypes={n: entry["dtype"] for n in entry["arrays"]})
-            report.results[entry["id"]] = case.compare(got)
+            got = loads_file(data, path, dtypes={n: entry["dtype"] for n in entry["arrays"]})
+            report.results[cid] = case.compare(got)
         except (ObtainedError, CorruptFileError) as exc:
             errors.append(str(exc))
+            continue
+        lacking = [name for name in REQUIRED if name not in got]
+        if lacking:
+            report.incomplete[cid] = lacking
     if errors:
         raise SuiteError(" | ".join(errors))
     if not report.results:
-        example = next(iter(suite.select(select)))["file"]
+        example = selected[0]["file"] if selected else next(iter(suite.cases.values()))["file"]
         msg = (
-            f"{obtained} holds no file named like a case of {suite.path} "
+            f"{obtained} holds no file named like a selected case of {suite.path} "
             f"(e.g. {example}, or the same name ending in .npz)"
         )
         raise SuiteError(msg)
