@@ -8,13 +8,30 @@ like the worked tables readers draw by hand; ``list``, ``generate``,
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import catalog, cli_golden
 
-__all__ = ["VIEWS", "format_matrix", "main"]
+__all__ = ["EXIT_CODES", "VIEWS", "format_matrix", "main"]
+
+#: What each exit status of ``relpos-ref`` means.
+EXIT_CODES = {
+    0: "success (for verify and check: the suite is intact, every case matches)",
+    1: "verify found problems, or check found a case that does not match",
+    2: "a usage error or unusable input: a bad flag, a suite or results that cannot be read",
+    70: "an internal error (a bug: rerun with RELPOS_REF_DEBUG=1 for the traceback)",
+    130: "interrupted (Ctrl-C); a suite being written is the previous one or the new one, whole",
+    141: "standard output was closed before everything was written (e.g. `| head`)",
+}
+#: The largest table `show` prints, in queries, keys or grid tokens per side.
+MAX_SHOWN = 1000
+#: Integers beyond this magnitude do not fit relpos_ref's int64 distances.
+_INT_LIMIT = 2**62
 
 #: Views of the conventions themselves; every scheme of the catalog is a view too.
 CONVENTION_VIEWS = ("positions", "index", "valid", "causal-index", "grid")
@@ -69,13 +86,47 @@ def format_matrix(
     return "\n".join(lines)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``relpos-ref show: error: argument --tq: ...``."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _integer(lo: int = -_INT_LIMIT + 1, hi: int = _INT_LIMIT - 1,
+             why: str = "too large to print") -> Callable[[str], int]:
+    """An argparse type: an integer from `lo` to `hi`; argparse names the flag."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            msg = f"expected an integer, got {text!r}"
+            raise argparse.ArgumentTypeError(msg) from None
+        if value < lo:
+            msg = (f"must be >= {lo}, got {value}" if lo > -_INT_LIMIT + 1 else
+                   f"{value} does not fit relpos_ref's int64 distances (|value| < 2**62)")
+            raise argparse.ArgumentTypeError(msg)
+        if value > hi:
+            if hi < _INT_LIMIT - 1:
+                msg = f"{value} is {why} (at most {hi})"
+            else:
+                msg = f"{value} does not fit relpos_ref's int64 distances (|value| < 2**62)"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+    return parse
+
+
+_SIZE = _integer(0, MAX_SHOWN)
+_LARGE = _integer()
+
+
 def _grid_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tq", type=int, default=5, help="number of queries t_q (default 5)")
-    p.add_argument("--tk", type=int, default=None, help="number of keys t_k (default t_q)")
+    p.add_argument("--tq", type=_SIZE, default=None, help="number of queries t_q (default 5)")
+    p.add_argument("--tk", type=_SIZE, default=None, help="number of keys t_k (default t_q)")
     align = p.add_mutually_exclusive_group()
     align.add_argument(
         "--q-offset",
-        type=int,
+        type=_LARGE,
         default=None,
         help="position of query 0 (default 0, start-aligned; the scheme's for a scheme view)",
     )
@@ -85,11 +136,12 @@ def _grid_args(p: argparse.ArgumentParser) -> None:
         help="q_offset = t_k - t_q: the last query sits at the last key (decoding)",
     )
     p.add_argument(
-        "--max-distance", "-K", type=int, default=None,
+        "--max-distance", "-K", type=_LARGE, default=None,
         help="K for index/valid (default 2) and shaw/bias; T5's max_distance (default 128)",
     )
     p.add_argument(
-        "--length", "-M", type=int, default=None, help="M for causal-index and music (default t_k)"
+        "--length", "-M", type=_LARGE, default=None,
+        help="M for causal-index and music (default t_k)",
     )
     p.add_argument(
         "--beyond",
@@ -97,8 +149,8 @@ def _grid_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="policy for distances beyond the table (default clip)",
     )
-    p.add_argument("--height", type=int, default=2, help="grid height h (default 2)")
-    p.add_argument("--width", type=int, default=3, help="grid width w (default 3)")
+    p.add_argument("--height", type=_SIZE, default=None, help="grid height h (default 2)")
+    p.add_argument("--width", type=_SIZE, default=None, help="grid width w (default 3)")
     _catalog_args(p)
 
 
@@ -113,7 +165,7 @@ def _catalog_args(p: argparse.ArgumentParser) -> None:
         for size in entry.sizes:
             if size.name not in taken:
                 taken.add(size.name)
-                p.add_argument(_flag(size.name), type=int, default=None,
+                p.add_argument(_flag(size.name), type=_LARGE, default=None,
                                help=f"{size.name} for {entry.name}: {size.meaning}")
         defaults = entry.option_defaults()
         for option in entry.options:
@@ -129,19 +181,22 @@ def _catalog_args(p: argparse.ArgumentParser) -> None:
                 p.add_argument(_flag(option.name), choices=option.choices, default=None,
                                help=text)
             else:
-                p.add_argument(_flag(option.name), type=int, default=None, help=text)
+                p.add_argument(_flag(option.name), type=_LARGE, default=None, help=text)
 
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = argparse.ArgumentParser(
+    codes = "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES.items())
+    parser = _Parser(
         prog="relpos-ref",
         description=(
             "Reference implementation of relative positional attention. "
             "Conventions: query i sits at i + q_offset, key j at j, and the "
             "distance is key minus query, r = j - (i + q_offset)."
         ),
+        epilog=f"exit status:\n{codes}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -168,12 +223,79 @@ def _mark_invalid(index: Any, valid: Any) -> list[list[str]]:
     ]
 
 
+#: The flags each convention view reads (argparse dests); scheme views: `_flags_of`.
+_ALIGNMENT = ("tq", "tk", "q_offset", "end_aligned")
+_CONVENTION_FLAGS = {
+    "positions": _ALIGNMENT,
+    "index": (*_ALIGNMENT, "max_distance", "beyond"),
+    "valid": (*_ALIGNMENT, "max_distance", "beyond"),
+    "causal-index": (*_ALIGNMENT, "length", "beyond"),
+    "grid": ("height", "width"),
+}
+#: Parameter names in the library's messages, and the flag a user typed for each.
+_PARAMETER_FLAGS = {"t_q": "--tq", "t_k": "--tk", "q_offset": "--q-offset", "h": "--height",
+                    "w": "--width", "K": "--max-distance", "M": "--length"}
+
+
+def _flags_of(view: str) -> tuple[str, ...]:
+    """The argparse dests that `show VIEW` reads."""
+    if view in _CONVENTION_FLAGS:
+        return _CONVENTION_FLAGS[view]
+    entry = catalog.get(view)
+    own = (*(s.name for s in entry.sizes), *(o.name for o in entry.options if o.grid))
+    return own if entry.grid is not None else (*_ALIGNMENT, *own)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse a flag the view does not read, rather than ignore it."""
+    ignored = {"command", "view"}
+    given = [dest for dest, value in vars(args).items()
+             if dest not in ignored and value is not None and value is not False]
+    unused = [dest for dest in given if dest not in _flags_of(args.view)]
+    if unused:
+        flags = ", ".join(_flag(d) for d in _flags_of(args.view)) or "none"
+        msg = (f"{', '.join(_flag(d) for d in unused)} does not apply to `show {args.view}` "
+               f"(its flags: {flags})")
+        raise ValueError(msg)
+
+
+def _check_shown(tokens: int, dests: Sequence[str], args: argparse.Namespace) -> None:
+    for dest in dests:  # sizes first: two negative sides must not pass as a product
+        value = getattr(args, dest)
+        if value is not None and value < 1:
+            msg = f"{_flag(dest)} must be >= 1, got {value}"
+            raise ValueError(msg)
+    if tokens > MAX_SHOWN:
+        given = " x ".join(f"{_flag(d)} {getattr(args, d)}" for d in dests
+                           if getattr(args, d) is not None) or "the defaults"
+        msg = f"{given} gives {tokens} tokens, too large to print (at most {MAX_SHOWN})"
+        raise ValueError(msg)
+
+
+def _name_flags(message: str, view: str | None) -> str:
+    """`message` with the library's parameter names written as the flags a user typed."""
+    names = dict(_PARAMETER_FLAGS)
+    if view in catalog.SCHEMES:
+        entry = catalog.get(view)
+        for size in entry.sizes:
+            names[size.key] = names[size.name] = _flag(size.name)
+        names.update({o.name: _flag(o.name) for o in entry.options if o.grid})
+    else:
+        names.update({d: _flag(d) for d in _flags_of(view)} if view else {})
+
+    def flag(match: re.Match[str]) -> str:
+        return names.get(match.group(1), match.group(0))
+
+    return re.sub(r"`(\w+)`", flag, message)
+
+
 def _show(args: argparse.Namespace) -> str:
     import array_api_compat.numpy as xp
 
     from .positions import causal_table_index, grid_positions, relative_positions, table_index
 
-    t_q = args.tq
+    _check_flags(args)
+    t_q = 5 if args.tq is None else args.tq
     t_k = t_q if args.tk is None else args.tk
     q_offset = t_k - t_q if args.end_aligned else args.q_offset
     if args.view in catalog.SCHEMES:
@@ -182,14 +304,17 @@ def _show(args: argparse.Namespace) -> str:
         return _show_scheme(entry, args, t_q, t_k, q_offset)
     q_offset = 0 if q_offset is None else q_offset
     if args.view == "grid":
-        rows, cols = grid_positions(args.height, args.width, xp=xp)
+        height = 2 if args.height is None else args.height
+        width = 3 if args.width is None else args.width
+        _check_shown(height * width, ("height", "width"), args)
+        rows, cols = grid_positions(height, width, xp=xp)
         dr = rows[None, :] - rows[:, None]
         dc = cols[None, :] - cols[:, None]
         pairs = zip(rows.tolist(), cols.tolist(), strict=True)
         coords = "  ".join(f"{n}:({a},{b})" for n, (a, b) in enumerate(pairs))
         return "\n".join(
             [
-                f"grid h={args.height} w={args.width}, token n at (n // w, n % w)",
+                f"grid h={height} w={width}, token n at (n // w, n % w)",
                 f"tokens  {coords}",
                 "",
                 "row distance (key row - query row)",
@@ -213,6 +338,9 @@ def _show(args: argparse.Namespace) -> str:
             return f"valid (1 = has a row)   {what}\n" + format_matrix(shown)
         shown = _mark_invalid(index, valid)
         return f"row r + K of a {2 * k + 1}-row table   {what}\n" + format_matrix(shown)
+    if args.length is None and t_k < 1:
+        msg = f"--length defaults to t_k, which is {t_k} here; give --length (>= 1)"
+        raise ValueError(msg)
     m = t_k if args.length is None else args.length
     index, valid = causal_table_index(r, m, beyond=beyond)
     shown = _mark_invalid(index, valid)
@@ -251,6 +379,7 @@ def _show_scheme(
                   if any(x.name == o and x.grid for x in entry.options)}, **options}
     if entry.grid is not None:
         t_q = t_k = entry.grid(sizes)
+        _check_shown(t_q, [s.name for s in entry.sizes], args)
         q_offset = 0
     found = entry.indices(xp, None, t_q=t_q, t_k=t_k, q_offset=q_offset, sizes=sizes,
                           options=options)
@@ -272,9 +401,12 @@ def _show_scheme(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status (`EXIT_CODES`)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already said
+        return exc.code if isinstance(exc.code, int) else 2
     status = 0
     try:
         if args.command == "show":
@@ -283,9 +415,47 @@ def main(argv: Sequence[str] | None = None) -> int:
             status, text = cli_golden.run(args)
     except KeyboardInterrupt:
         return cli_golden.report_interrupt()
-    except (ValueError, TypeError, OSError) as exc:
-        print(f"relpos-ref: error: {exc}", file=sys.stderr)
+    except (ValueError, TypeError, OSError, OverflowError, RecursionError,
+            MemoryError) as exc:
+        view = args.view if args.command == "show" else None
+        print(f"relpos-ref: error: {_name_flags(_say(exc), view)}", file=sys.stderr)
         return 2
-    if text:
+    except Exception as exc:
+        if os.environ.get("RELPOS_REF_DEBUG"):
+            raise
+        print(f"relpos-ref: internal error ({type(exc).__name__}: {exc}); rerun with "
+              "RELPOS_REF_DEBUG=1 for the traceback, and please report it", file=sys.stderr)
+        return 70
+    return _emit(text, status)
+
+
+def _say(exc: BaseException) -> str:
+    # One line for any error a user can cause.
+    if isinstance(exc, MemoryError):
+        return f"out of memory ({str(exc) or 'no details'}); ask for less"
+    if isinstance(exc, RecursionError):
+        return "input nested too deeply to read"
+    text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
+def _emit(text: str, status: int) -> int:
+    """Print `text`; a reader that stopped reading (``| head``) is exit status 141."""
+    if not text or sys.stdout is None:  # nothing to say, or standard output closed (>&-)
+        return status
+    try:
         print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Point stdout at /dev/null so that Python's flush at exit does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except OSError as exc:  # a full disk (>/dev/full), a closed descriptor
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(devnull, sys.stdout.fileno())
+        print(f"relpos-ref: error: cannot write the output: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
     return status

@@ -42,7 +42,7 @@ def add_commands(sub: Any) -> None:
         "generate",
         help="write the golden suite (inputs, intermediates, outputs, tolerances)",
         description=(
-            "Write the golden suite to a directory, atomically: one file per case and a "
+            "Write the golden suite to a directory, crash-safe: one file per case and a "
             "manifest.json with hashes and derived tolerances."
         ),
         epilog=_GENERATE_EPILOG,
@@ -87,6 +87,12 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
+def _note(recovered: str | None) -> None:
+    # What was finished or undone of a generate killed earlier, said once on stderr.
+    if recovered:
+        print(f"relpos-ref: note: {recovered}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> tuple[int, str]:
     """Run a golden subcommand; returns (exit status, text for stdout)."""
     from . import golden
@@ -103,6 +109,7 @@ def run(args: argparse.Namespace) -> tuple[int, str]:
             progress=Progress(len(cases), "generate"),
         )
         took = time.perf_counter() - start
+        _note(result.recovered)
         if result.status == "unchanged":
             return 0, f"{result.path} already holds this suite ({result.cases} cases); unchanged"
         verb = "replaced" if result.status == "replaced" else "wrote"
@@ -112,6 +119,7 @@ def run(args: argparse.Namespace) -> tuple[int, str]:
         )
     if args.command == "verify":
         suite = golden.load_suite(args.dir)
+        _note(suite.recovered)
         report = golden.verify(
             args.dir, backend=args.backend, progress=Progress(len(suite.cases), "verify")
         )
@@ -123,6 +131,7 @@ def run(args: argparse.Namespace) -> tuple[int, str]:
         lines = [*report.problems, f"{report.path}: {len(report.problems)} problem(s) found"]
         return 1, "\n".join(lines)
     if args.command == "check":
+        _note(golden.load_suite(args.dir).recovered)
         report = golden.check(args.dir, args.obtained, select=args.select)
         if args.json:
             text = json.dumps(report.as_dict(), indent=1, sort_keys=True)
@@ -135,5 +144,6 @@ def run(args: argparse.Namespace) -> tuple[int, str]:
 
 def report_interrupt() -> int:
     """Message and exit status for Ctrl-C."""
-    print("relpos-ref: interrupted; nothing was written or changed", file=sys.stderr)
+    print("relpos-ref: interrupted; a suite being written is left as the previous one or "
+          "the new one, whole", file=sys.stderr)
     return 130

@@ -170,7 +170,7 @@ def test_a_foreign_directory_is_refused(tmp_path):
 
 def test_unwritable_location_is_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("x")
-    with pytest.raises(golden.SuiteError, match=r"parent directory .* does not exist"):
+    with pytest.raises(golden.SuiteError, match=r"its parent .*file is not a directory"):
         golden.generate(tmp_path / "file" / "golden", CASES[:1])
     if not Path("/proc/self").exists():
         pytest.skip("needs /proc, a directory nobody can write to")

@@ -1,11 +1,11 @@
-"""Building a golden suite: computing each case, and writing the suite atomically.
+"""Building a golden suite: computing each case, and writing the suite crash-safe.
 
 A suite is a directory with one file per case (named after the case id, ``/``
-written as ``__``), ``manifest.json`` and ``manifest.schema.json``. It is
-written atomically: everything goes to a temporary sibling directory that is
-renamed into place only when complete, so an interrupted run leaves the
-previous state untouched. `relpos_ref.golden.suite` reads, verifies and
-checks what this writes.
+written as ``__``), ``manifest.json`` and ``manifest.schema.json``. Everything
+goes to a sibling directory that is swapped into place only when complete,
+under a journal and a lock (`relpos_ref.golden.replace`), so a run killed at
+any instant leaves the previous suite or the new one. `relpos_ref.golden.suite`
+reads, verifies and checks what this writes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import hashlib
 import os
 import platform
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from . import replace
 from .cases import Case
 from .dtypes import dtype_name
 from .fileformat import EXTENSIONS, FORMATS, array_sha256, dumps
@@ -173,12 +173,17 @@ def _generator(backend: GoldenBackend) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class GenerateResult:
-    """What `generate` did: ``status`` is ``"written"``, ``"replaced"`` or ``"unchanged"``."""
+    """What `generate` did: ``status`` is ``"written"``, ``"replaced"`` or ``"unchanged"``.
+
+    ``recovered`` says what was finished or undone of an earlier run that
+    was killed (`replace.recover`), or is ``None``.
+    """
 
     path: Path
     cases: int
     bytes: int
     status: str
+    recovered: str | None = None
 
 
 def _same_tree(a: Path, b: Path) -> bool:
@@ -198,13 +203,20 @@ def generate(
     force: bool = False,
     progress: Progress | None = None,
 ) -> GenerateResult:
-    """Write `cases` as a suite in directory `out`, atomically.
+    """Write `cases` as a suite in directory `out`, crash-safe.
+
+    The suite is built beside `out` and swapped in by `replace.install`:
+    whenever the run dies, `out` holds the previous suite or the new one,
+    or the next `generate`, `verify`, `check` or plugin run finishes or
+    undoes the swap (`replace.recover`). A second run on the same `out` at
+    the same time is refused, with the reason.
 
     Parameters
     ----------
     out : path
         The suite directory. If it exists and holds something other than
-        this exact suite, it is replaced only with ``force=True``.
+        this exact suite, it is replaced only with ``force=True``. Not a
+        symbolic link, not the current directory or one of its parents.
     cases : sequence of Case
         What to generate; duplicate ids are refused.
     fmt : {"safetensors", "npz"}
@@ -230,62 +242,61 @@ def generate(
         msg = "no case to generate"
         raise SuiteError(msg)
     be = golden_backend(backend)
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        msg = f"{out} exists and is not a directory; choose another --out"
-        raise SuiteError(msg)
-    parent = out.absolute().parent
-    if not parent.is_dir():
-        msg = f"cannot write {out}: its parent directory {parent} does not exist"
-        raise SuiteError(msg)
-    existing = out.is_dir() and any(out.iterdir())
-    if existing and not force and not (out / MANIFEST).is_file():
-        msg = (
-            f"{out} is not empty and holds no golden suite; choose another --out "
-            "or pass --force to replace its contents"
-        )
-        raise SuiteError(msg)
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
-    except OSError as exc:
-        msg = f"cannot write to {parent} ({exc.strerror}); choose another --out"
-        raise SuiteError(msg) from None
-    try:
-        entries = []
-        total = 0
-        bar = progress or Progress(len(cases), "generate", enabled=False)
-        with bar:
-            for case in cases:
-                try:
-                    data, entry = build_case(case, fmt=fmt, backend=be)
-                except (ValueError, TypeError) as exc:
-                    msg = f"case {case.id}: {exc}"
-                    raise SuiteError(msg) from exc
-                (tmp / entry["file"]).write_bytes(data)
-                total += len(data)
-                entries.append(entry)
-                bar.advance(case.id)
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "format": fmt,
-            "generator": _generator(be),
-            "tolerance_rule": RULE,
-            "naive_pipeline": NAIVE_PIPELINE,
-            "cases": entries,
-        }
-        data = render(manifest)
-        (tmp / MANIFEST).write_bytes(data)
-        shutil.copyfile(schema_path(), tmp / SCHEMA)
-        total += len(data) + (tmp / SCHEMA).stat().st_size
-        status = _install(tmp, out, existing=existing, force=force)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return GenerateResult(out, len(entries), total, status)
+    given = Path(out)
+    out = replace.check_out(out)
+    with replace.locked(out):
+        recovered = replace.recover(out)
+        existing = out.is_dir() and any(out.iterdir())
+        if existing and not force and entries(out).get(MANIFEST) != "file":
+            msg = (
+                f"{given} is not empty and holds no golden suite; choose another --out "
+                "or pass --force to replace its contents"
+            )
+            raise SuiteError(msg)
+        tmp = replace.new_directory(out, "tmp")
+        try:
+            total, count = _write_suite(tmp, cases, fmt, be, progress)
+            status = _install(tmp, out, existing=existing, force=force)
+        finally:
+            if tmp.exists() and not replace.journaled(out):  # a journaled one is complete
+                shutil.rmtree(tmp, ignore_errors=True)
+    return GenerateResult(given, count, total, status, recovered)
+
+
+def _write_suite(
+    tmp: Path, cases: Sequence[Case], fmt: str, backend: Any, progress: Progress | None
+) -> tuple[int, int]:
+    """Write every case, the manifest and the schema into `tmp`; (bytes, cases)."""
+    written = []
+    total = 0
+    bar = progress or Progress(len(cases), "generate", enabled=False)
+    with bar:
+        for case in cases:
+            try:
+                data, entry = build_case(case, fmt=fmt, backend=backend)
+            except (ValueError, TypeError) as exc:
+                msg = f"case {case.id}: {exc}"
+                raise SuiteError(msg) from exc
+            (tmp / entry["file"]).write_bytes(data)
+            total += len(data)
+            written.append(entry)
+            bar.advance(case.id)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "format": fmt,
+        "generator": _generator(backend),
+        "tolerance_rule": RULE,
+        "naive_pipeline": NAIVE_PIPELINE,
+        "cases": written,
+    }
+    data = render(manifest)
+    shutil.copyfile(schema_path(), tmp / SCHEMA)
+    (tmp / MANIFEST).write_bytes(data)  # last: a directory with a manifest is complete
+    return total + len(data) + (tmp / SCHEMA).stat().st_size, len(written)
 
 
 def _install(tmp: Path, out: Path, *, existing: bool, force: bool) -> str:
-    """Move the finished suite `tmp` to `out`; never leaves `out` half-written."""
+    """Swap the finished suite `tmp` into `out`; the status for `GenerateResult`."""
     if existing and _same_tree(tmp, out):
         return "unchanged"
     if existing and not force:
@@ -294,18 +305,5 @@ def _install(tmp: Path, out: Path, *, existing: bool, force: bool) -> str:
             "or choose another --out"
         )
         raise SuiteError(msg)
-    if out.is_dir() and not existing:
-        out.rmdir()
-    if not existing:
-        tmp.rename(out)
-        return "written"
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.absolute().parent))
-    old.rmdir()
-    out.rename(old)
-    try:
-        tmp.rename(out)
-    except BaseException:
-        old.rename(out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-    return "replaced"
+    replace.install(tmp, out)
+    return "replaced" if existing else "written"

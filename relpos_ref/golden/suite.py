@@ -33,6 +33,7 @@ from .manifest import MANIFEST, SCHEMA, ManifestError, parse, schema_path
 from .paths import SuiteError, entries, plain_file
 from .pipeline import naive_arrays, naive_method
 from .progress import Progress
+from .replace import recover_if_needed
 from .tolerance import RULE, derive_tolerance
 
 __all__ = [
@@ -125,13 +126,17 @@ class Suite:
 
     Use `load_suite`; `cases` maps each case id to its manifest entry,
     `select` lists entries by id globs, and `load` reads one case after
-    checking its file's SHA-256.
+    checking its file's SHA-256. `recovered` says what `load_suite` finished
+    or undid of a `generate` killed while writing this path, or is ``None``.
     """
 
-    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
+    def __init__(
+        self, path: Path, manifest: dict[str, Any], recovered: str | None = None
+    ) -> None:
         self.path = path
         self.manifest = manifest
         self.cases = {c["id"]: c for c in manifest["cases"]}
+        self.recovered = recovered
 
     def select(
         self, patterns: Sequence[str] | None = None, *, option: str = "--select"
@@ -188,8 +193,13 @@ class Suite:
 
 
 def load_suite(path: str | os.PathLike[str]) -> Suite:
-    """Open a suite directory, checking its manifest (structure, digest, version, names)."""
+    """Open a suite directory, checking its manifest (structure, digest, version, names).
+
+    A `generate` killed while replacing `path` is finished or undone first
+    (`relpos_ref.golden.replace.recover`); `Suite.recovered` says so.
+    """
     path = Path(path)
+    recovered = recover_if_needed(path)
     if not path.is_dir():
         msg = f"{path} is not a directory; generate one with `relpos-ref generate --out {path}`"
         raise SuiteError(msg)
@@ -201,7 +211,7 @@ def load_suite(path: str | os.PathLike[str]) -> Suite:
         manifest = parse(mpath.read_bytes(), where=str(mpath))
     except ManifestError as exc:
         raise SuiteError(str(exc)) from None
-    return Suite(path, manifest)
+    return Suite(path, manifest, recovered)
 
 
 # -- re-deriving a case --------------------------------------------------------------
@@ -317,6 +327,7 @@ class VerifyReport:
     cases: int = 0
     arrays: int = 0
     problems: list[str] = field(default_factory=list)
+    recovered: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -339,7 +350,7 @@ def verify(
        does not know is reported as such.
     """
     suite = load_suite(path)
-    report = VerifyReport(suite.path)
+    report = VerifyReport(suite.path, recovered=suite.recovered)
     golden_backend(backend)  # an unknown backend is refused before any work
     manifest = suite.manifest
     for key, want in (("tolerance_rule", RULE), ("naive_pipeline", NAIVE_PIPELINE)):
