@@ -23,9 +23,15 @@ class TorchBackend(Backend):
         return ["cpu", *cuda]
 
     def from_numpy(self, a: Any, device: str | None = None) -> Any:
+        import numpy as np
         import torch
 
-        return torch.asarray(a, device=self.check_device(device), copy=True)
+        device = self.check_device(device)
+        a = np.asarray(a)
+        if a.dtype.name == "bfloat16":  # ml_dtypes' bfloat16: NumPy knows it, torch does not
+            bits = torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy())
+            return bits.view(torch.bfloat16).to(device)
+        return torch.asarray(a, device=device, copy=True)
 
     def to_numpy(self, x: Any) -> Any:
         import torch

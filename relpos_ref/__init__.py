@@ -8,7 +8,8 @@ in :mod:`relpos_ref.positions`: the distance is key minus query,
 `attention` and every ``<scheme>_attention`` here are the specification's
 functions (`relpos_ref.schemes`) behind the dispatcher of `relpos_ref.kernels`,
 which runs a faster kernel where the arrays' library has one; everything else
-is the specification itself.
+is the specification itself, the backward passes (``attention_vjp`` and
+``<scheme>_attention_vjp``, `relpos_ref.gradients`) included.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .attention import (
     default_scale,
     masked_softmax,
 )
+from .gradients import attention_vjp
 from .kernels import dispatched as _dispatched
 from .layouts import (
     gather,
@@ -44,34 +46,46 @@ from .positions import (
     table_index,
 )
 from .schemes import (
+    absolute_attention_vjp,
     absolute_index,
     absolute_logits,
+    alibi_attention_vjp,
     alibi_bias,
     alibi_slopes,
+    bias_attention_vjp,
     bias_logits,
+    deberta_attention_vjp,
     deberta_bucket,
     deberta_bucket_boundaries,
     deberta_index,
     deberta_logits,
     deberta_rows,
+    general_attention_vjp,
     general_index,
     general_logits,
     general_window,
+    grid2d_attention_vjp,
     grid2d_index,
     grid2d_logits,
+    music_attention_vjp,
     music_index,
     music_logits,
     music_values,
+    rope_attention_vjp,
     rope_frequencies,
     rope_rotate,
+    shaw_attention_vjp,
     shaw_index,
     shaw_logits,
     shaw_values,
+    swin_attention_vjp,
     swin_bias,
     swin_index,
+    t5_attention_vjp,
     t5_bias,
     t5_bucket,
     t5_bucket_boundaries,
+    transformer_xl_attention_vjp,
     transformer_xl_distance,
     transformer_xl_embedding,
     transformer_xl_logits,
@@ -95,7 +109,9 @@ t5_attention = _dispatched("t5", _schemes.t5_attention)
 transformer_xl_attention = _dispatched("transformer_xl", _schemes.transformer_xl_attention)
 
 #: Submodules reachable as attributes after ``import relpos_ref``, imported on first use.
-_SUBMODULES = ("backends", "blocked", "catalog", "golden", "kernels", "presets", "testing")
+_SUBMODULES = (
+    "backends", "blocked", "catalog", "golden", "gradients", "kernels", "presets", "testing",
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -112,19 +128,24 @@ __all__ = [
     "TableIndex",
     "__version__",
     "absolute_attention",
+    "absolute_attention_vjp",
     "absolute_index",
     "absolute_logits",
     "alibi_attention",
+    "alibi_attention_vjp",
     "alibi_bias",
     "alibi_slopes",
     "allowed_keys",
     "attention",
+    "attention_vjp",
     "bias_attention",
+    "bias_attention_vjp",
     "bias_logits",
     "causal_table_index",
     "check_distances_in_table",
     "compose_logits",
     "deberta_attention",
+    "deberta_attention_vjp",
     "deberta_bucket",
     "deberta_bucket_boundaries",
     "deberta_index",
@@ -134,15 +155,18 @@ __all__ = [
     "distance_range",
     "gather",
     "general_attention",
+    "general_attention_vjp",
     "general_index",
     "general_logits",
     "general_window",
     "grid2d_attention",
+    "grid2d_attention_vjp",
     "grid2d_index",
     "grid2d_logits",
     "grid_positions",
     "masked_softmax",
     "music_attention",
+    "music_attention_vjp",
     "music_index",
     "music_logits",
     "music_values",
@@ -150,18 +174,22 @@ __all__ = [
     "rel_shift",
     "relative_positions",
     "rope_attention",
+    "rope_attention_vjp",
     "rope_frequencies",
     "rope_rotate",
     "shaw_attention",
+    "shaw_attention_vjp",
     "shaw_index",
     "shaw_logits",
     "shaw_values",
     "skew",
     "stacked_diagonals",
     "swin_attention",
+    "swin_attention_vjp",
     "swin_bias",
     "swin_index",
     "t5_attention",
+    "t5_attention_vjp",
     "t5_bias",
     "t5_bucket",
     "t5_bucket_boundaries",
@@ -169,6 +197,7 @@ __all__ = [
     "take_per_row",
     "to_relative",
     "transformer_xl_attention",
+    "transformer_xl_attention_vjp",
     "transformer_xl_distance",
     "transformer_xl_embedding",
     "transformer_xl_logits",

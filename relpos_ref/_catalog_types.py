@@ -129,6 +129,7 @@ class Scheme:
     rotate: Callable[..., tuple[Any, Any]] | None = None
     grid: Callable[[Mapping[str, Any]], int] | None = None
     benchmark: Callable[[int], dict[str, Any]] = field(default=lambda t: {})
+    vjp: Callable[..., dict[str, Any]] | None = None
 
     @property
     def defaults(self) -> Defaults:

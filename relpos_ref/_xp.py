@@ -23,10 +23,26 @@ __all__ = [
 ]
 
 
+#: Modules whose arrays belong to another library's name: JAX's concrete arrays live
+#: in ``jaxlib``, its tracers (under ``jax.jit``, ``grad``, ``vmap``) in ``jax``.
+_LIBRARY_ALIASES = {"jaxlib": "jax"}
+
+
 def library_name(x: Any) -> str:
-    """Name of the library an array belongs to, for error messages."""
+    """Name of the library an array belongs to (``"jax"`` for a tracer too), for messages.
+
+    Read from the array type's top-level module (a ``torch.nn.Parameter`` is
+    torch), so that it costs nothing under tracing compilers.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> library_name(np.zeros(2)), library_name(np.float32(1.0))
+    ('numpy', 'numpy')
+    """
     module = type(x).__module__ or ""
-    return module.split(".", 1)[0] or type(x).__name__
+    top = module.split(".", 1)[0] or type(x).__name__
+    return _LIBRARY_ALIASES.get(top, top)
 
 
 def array_namespace(*arrays: Any) -> Any:

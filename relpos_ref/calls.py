@@ -342,6 +342,8 @@ def computes_in_float32(function: F) -> F:
         out = function(*map(widen, args), **{k: widen(a) for k, a in kwargs.items()})
         if isinstance(out, tuple):
             return tuple(_narrow(xp, x, dtype) for x in out)
+        if isinstance(out, dict):  # gradients by argument name
+            return {name: _narrow(xp, x, dtype) for name, x in out.items()}
         return _narrow(xp, out, dtype)
 
     return wrapper  # type: ignore[return-value]

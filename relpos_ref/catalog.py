@@ -13,7 +13,10 @@ An entry records what a reader needs to call a scheme without knowing it:
   ``q_offset`` (the scheme module's ``DEFAULTS``);
 - uniform adapters over the scheme's own functions (`relpos_ref._adapters`):
   ``check`` (through `Scheme.check_call`), ``terms``, ``values``, ``rotate``
-  and ``indices``.
+  and ``indices``;
+- `Scheme.vjp`, its backward pass (``<scheme>_attention_vjp``): the same
+  arguments as ``*_attention`` plus ``d_output``, returning the gradient of
+  every array argument by name.
 
 Examples
 --------
@@ -36,6 +39,7 @@ from . import _adapters as ad
 from ._adapters import Terms
 from ._catalog_types import Option, Scheme, Size, Table
 from .attention import attention as plain_attention
+from .gradients import attention_vjp as plain_vjp
 from .schemes import (
     absolute,
     alibi,
@@ -78,6 +82,7 @@ _ENTRIES = (
         "plain", "attention without positions",
         "softmax(s q k^T) v, the baseline every scheme adds a term to",
         None, plain_attention, ad.plain_check, ad.no_terms, ad.distance, lambda p: "plain",
+        vjp=plain_vjp,
     ),
     Scheme(
         "absolute", 'absolute key embeddings ("AbsPosEmb1D")',
@@ -89,6 +94,7 @@ _ENTRIES = (
         tables=(Table("table", lambda s: s["rows"], "t_max", "d",
                       "R, row j for key position j"),),
         benchmark=lambda t: {"rows": t},
+        vjp=absolute.absolute_attention_vjp,
     ),
     Scheme(
         "shaw", "Shaw et al. (2018)",
@@ -99,12 +105,14 @@ _ENTRIES = (
                 Table("value_table", lambda s: 2 * s["K"] + 1, "2K + 1", "d_v",
                       "a^V, row r + K", switch="values")),
         options=(_BEYOND,), values=ad.shaw_values, benchmark=lambda t: {"K": 16},
+        vjp=shaw.shaw_attention_vjp,
     ),
     Scheme(
         "bias", "a learned scalar per distance", "b[clip(r)] per head, added after scaling",
         bias, bias.bias_attention, ad.bias_check, ad.bias_terms, ad.two_sided_indices,
         lambda p: f"K{p['K']}", sizes=(_K,), tables=(_two_sided("table", "b", None),),
         options=(_BEYOND,), benchmark=lambda t: {"K": 16},
+        vjp=bias.bias_attention_vjp,
     ),
     Scheme(
         "music", "Huang et al. (2018), the Music Transformer",
@@ -118,6 +126,7 @@ _ENTRIES = (
                       "relative values, row r + M - 1", switch="values",
                       switch_default=False)),
         options=(_BEYOND,), values=ad.music_values, benchmark=lambda t: {"M": t},
+        vjp=music.music_attention_vjp,
     ),
     Scheme(
         "general", "relative attention for any attention",
@@ -131,6 +140,7 @@ _ENTRIES = (
         options=(Option("order", "row order of the table",
                         ("past_to_future", "future_to_past"), grid=True),),
         benchmark=lambda t: {"t_max": t},
+        vjp=general.general_attention_vjp,
     ),
     Scheme(
         "grid2d", "Ramachandran et al. (2019), Bottleneck Transformers",
@@ -146,6 +156,7 @@ _ENTRIES = (
         options=(Option("height", "grid rows"), Option("width", "grid columns")),
         grid=lambda s: s["height"] * s["width"],
         benchmark=lambda t: {"height": 32, "width": t // 32, "per_head": True},
+        vjp=grid2d.grid2d_attention_vjp,
     ),
     Scheme(
         "t5", "Raffel et al. (2020), T5",
@@ -160,6 +171,7 @@ _ENTRIES = (
                  Option("max_distance", "where the log-spaced buckets end", grid=True,
                         positive=True)),
         benchmark=lambda t: {"buckets": 32},
+        vjp=t5.t5_attention_vjp,
     ),
     Scheme(
         "alibi", "Press et al. (2022), ALiBi",
@@ -169,6 +181,7 @@ _ENTRIES = (
         options=(Option("slopes", "one slope per head; default alibi_slopes(h)",
                         case_parameter=False),
                  Option("symmetric", "-m |r| (True) or the causal form m r", (True, False))),
+        vjp=alibi.alibi_attention_vjp,
     ),
     Scheme(
         "swin", "Liu et al. (2021), Swin Transformer",
@@ -184,6 +197,7 @@ _ENTRIES = (
                  Option("window_width", "window columns")),
         grid=lambda s: s["height"] * s["width"],
         benchmark=lambda t: {"height": 32, "width": t // 32},
+        vjp=swin.swin_attention_vjp,
     ),
     Scheme(
         "rope", "Su et al. (2021), RoPE",
@@ -194,6 +208,7 @@ _ENTRIES = (
                  Option("rotary_dim", "rotated features (even); default all"),
                  Option("layout", "which features pair", ("half", "interleaved"))),
         rotate=ad.rope_rotate,
+        vjp=rope.rope_attention_vjp,
     ),
     Scheme(
         "transformer_xl", "Dai et al. (2019), Transformer-XL",
@@ -211,6 +226,7 @@ _ENTRIES = (
         options=(Option("clamp_len", "largest |r| with a sinusoid of its own", grid=True),
                  Option("base", "frequency base of the sinusoids")),
         benchmark=lambda t: {"d_model": 64, "per_head": True},
+        vjp=transformer_xl.transformer_xl_attention_vjp,
     ),
     Scheme(
         "deberta", "He et al. (2021), DeBERTa",
@@ -227,6 +243,7 @@ _ENTRIES = (
         options=(Option("max_position", "log buckets up to this distance; None: exact",
                         grid=True, positive=True),),
         benchmark=lambda t: {"span": t // 4, "max_position": t // 2, "per_head": True},
+        vjp=deberta.deberta_attention_vjp,
     ),
 )
 

@@ -17,6 +17,7 @@ MODULES = [
     "relpos_ref.layouts",
     "relpos_ref.attention",
     "relpos_ref.calls",
+    "relpos_ref.gradients",
     "relpos_ref.catalog",
     "relpos_ref.kernels",
     "relpos_ref.cli",
@@ -56,7 +57,8 @@ def test_docstring_examples_run(name):
 
 SPECIFICATION = [n for n in MODULES if n.startswith(("relpos_ref.schemes", "relpos_ref.positions",
                                                      "relpos_ref.layouts", "relpos_ref.attention",
-                                                     "relpos_ref.calls"))]
+                                                     "relpos_ref.calls",
+                                                     "relpos_ref.gradients"))]
 
 
 @pytest.mark.parametrize("name", SPECIFICATION)

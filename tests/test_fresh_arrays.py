@@ -25,6 +25,7 @@ def _n(*shape):
 
 
 Q, K, V = _n(2, 5, 4), _n(2, 6, 4), _n(2, 6, 3)
+D = _n(2, 5, 3)  # an output's cotangent
 R = np.arange(-3, 4).reshape(1, 7)
 
 
@@ -94,6 +95,33 @@ def _calls():
         ("deberta_logits", (Q, K, _n(8, 4)), rp.deberta_logits),
         ("deberta_bucket", (R,), lambda r: rp.deberta_bucket(r, bucket_size=4, max_position=6)),
         ("deberta_rows", (R,), lambda r: rp.deberta_rows(r, span=4)),
+        # the backward passes: gradients are fresh too
+        ("attention_vjp", (Q, K, V, D), lambda q, k, v, d: rp.attention_vjp(q, k, v, d_output=d)),
+        ("absolute_attention_vjp", (Q, K, V, table8, D),
+         lambda *a: rp.absolute_attention_vjp(*a[:-1], d_output=a[-1])),
+        ("shaw_attention_vjp", (Q, K, V, table5, _n(5, 3), D),
+         lambda *a: rp.shaw_attention_vjp(*a[:-1], d_output=a[-1])),
+        ("bias_attention_vjp", (Q, K, V, _n(2, 5), D),
+         lambda *a: rp.bias_attention_vjp(*a[:-1], d_output=a[-1])),
+        ("music_attention_vjp", (Q, K, V, _n(6, 4), _n(6, 3), D),
+         lambda *a: rp.music_attention_vjp(*a[:-1], d_output=a[-1], q_offset=1)),
+        ("general_attention_vjp", (Q, K, V, _n(11, 4), D),
+         lambda *a: rp.general_attention_vjp(*a[:-1], d_output=a[-1])),
+        ("grid2d_attention_vjp", (K, K, V, _n(3, 4), _n(5, 4), _n(2, 6, 3)),
+         lambda *a: rp.grid2d_attention_vjp(*a[:-1], d_output=a[-1], height=2, width=3)),
+        ("t5_attention_vjp", (Q, K, V, _n(2, 8), D),
+         lambda *a: rp.t5_attention_vjp(*a[:-1], d_output=a[-1], max_distance=8)),
+        ("alibi_attention_vjp", (Q, K, V, D),
+         lambda *a: rp.alibi_attention_vjp(*a[:-1], d_output=a[-1])),
+        ("swin_attention_vjp", (K, K, V, _n(2, 15), _n(2, 6, 3)),
+         lambda *a: rp.swin_attention_vjp(*a[:-1], d_output=a[-1], window_height=2,
+                                          window_width=3)),
+        ("rope_attention_vjp", (Q, K, V, D),
+         lambda *a: rp.rope_attention_vjp(*a[:-1], d_output=a[-1])),
+        ("transformer_xl_attention_vjp", (Q, K, V, _n(6, 4), _n(4), _n(2, 4), D),
+         lambda *a: rp.transformer_xl_attention_vjp(*a[:-1], d_output=a[-1])),
+        ("deberta_attention_vjp", (Q, K, V, _n(8, 4), _n(8, 4), D),
+         lambda *a: rp.deberta_attention_vjp(*a[:-1], d_output=a[-1], max_position=6)),
     ]
 
 
@@ -119,6 +147,8 @@ def test_every_public_array_function_is_called_here():
 
 
 def _results(out):
+    if isinstance(out, dict):  # gradients by name
+        return list(out.values())
     if isinstance(out, tuple):
         return [x for x in out]
     return [out]

@@ -4,7 +4,8 @@ This package is the specification: array-API code only, no library-specific
 branch. Each scheme module reads top to bottom as the math (its docstring),
 the index and term functions (``<scheme>_index``, ``<scheme>_logits`` or
 ``_bias``, ``<scheme>_values``), the validation of a call (``<scheme>_call``,
-which the kernels share) and ``<scheme>_attention``; ``DEFAULTS`` records what
+which the kernels share), ``<scheme>_attention`` and its backward pass,
+``<scheme>_attention_vjp`` (built from `relpos_ref.gradients`); ``DEFAULTS`` records what
 ``None`` means for ``scale``, ``causal`` and ``q_offset``. Schemes with a
 memory-efficient algorithm take ``method="efficient"`` (default) or
 ``method="definition"`` (the gather definition).
@@ -15,26 +16,34 @@ same function behind the dispatcher of `relpos_ref.kernels`.
 
 from __future__ import annotations
 
-from .absolute import absolute_attention, absolute_index, absolute_logits
-from .alibi import alibi_attention, alibi_bias, alibi_slopes
-from .bias import bias_attention, bias_logits
+from .absolute import absolute_attention, absolute_attention_vjp, absolute_index, absolute_logits
+from .alibi import alibi_attention, alibi_attention_vjp, alibi_bias, alibi_slopes
+from .bias import bias_attention, bias_attention_vjp, bias_logits
 from .deberta import (
     deberta_attention,
+    deberta_attention_vjp,
     deberta_bucket,
     deberta_bucket_boundaries,
     deberta_index,
     deberta_logits,
     deberta_rows,
 )
-from .general import general_attention, general_index, general_logits, general_window
-from .grid2d import grid2d_attention, grid2d_index, grid2d_logits
-from .music import music_attention, music_index, music_logits, music_values
-from .rope import rope_attention, rope_frequencies, rope_rotate
-from .shaw import shaw_attention, shaw_index, shaw_logits, shaw_values
-from .swin import swin_attention, swin_bias, swin_index
-from .t5 import t5_attention, t5_bias, t5_bucket, t5_bucket_boundaries
+from .general import (
+    general_attention,
+    general_attention_vjp,
+    general_index,
+    general_logits,
+    general_window,
+)
+from .grid2d import grid2d_attention, grid2d_attention_vjp, grid2d_index, grid2d_logits
+from .music import music_attention, music_attention_vjp, music_index, music_logits, music_values
+from .rope import rope_attention, rope_attention_vjp, rope_frequencies, rope_rotate
+from .shaw import shaw_attention, shaw_attention_vjp, shaw_index, shaw_logits, shaw_values
+from .swin import swin_attention, swin_attention_vjp, swin_bias, swin_index
+from .t5 import t5_attention, t5_attention_vjp, t5_bias, t5_bucket, t5_bucket_boundaries
 from .transformer_xl import (
     transformer_xl_attention,
+    transformer_xl_attention_vjp,
     transformer_xl_distance,
     transformer_xl_embedding,
     transformer_xl_logits,
@@ -43,45 +52,57 @@ from .transformer_xl import (
 
 __all__ = [
     "absolute_attention",
+    "absolute_attention_vjp",
     "absolute_index",
     "absolute_logits",
     "alibi_attention",
+    "alibi_attention_vjp",
     "alibi_bias",
     "alibi_slopes",
     "bias_attention",
+    "bias_attention_vjp",
     "bias_logits",
     "deberta_attention",
+    "deberta_attention_vjp",
     "deberta_bucket",
     "deberta_bucket_boundaries",
     "deberta_index",
     "deberta_logits",
     "deberta_rows",
     "general_attention",
+    "general_attention_vjp",
     "general_index",
     "general_logits",
     "general_window",
     "grid2d_attention",
+    "grid2d_attention_vjp",
     "grid2d_index",
     "grid2d_logits",
     "music_attention",
+    "music_attention_vjp",
     "music_index",
     "music_logits",
     "music_values",
     "rope_attention",
+    "rope_attention_vjp",
     "rope_frequencies",
     "rope_rotate",
     "shaw_attention",
+    "shaw_attention_vjp",
     "shaw_index",
     "shaw_logits",
     "shaw_values",
     "swin_attention",
+    "swin_attention_vjp",
     "swin_bias",
     "swin_index",
     "t5_attention",
+    "t5_attention_vjp",
     "t5_bias",
     "t5_bucket",
     "t5_bucket_boundaries",
     "transformer_xl_attention",
+    "transformer_xl_attention_vjp",
     "transformer_xl_distance",
     "transformer_xl_embedding",
     "transformer_xl_logits",

@@ -8,15 +8,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import _xp
 from .._validate import nonnegative_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
+from ..gradients import (
+    check_d_output,
+    core_vjp,
+    forward,
+    masked_product,
+    sum_to_shape,
+)
 from ..positions import relative_positions
 from ._tables import check_table, table_logits
 
 __all__ = [
     "DEFAULTS",
     "absolute_attention",
+    "absolute_attention_vjp",
     "absolute_call",
     "absolute_index",
     "absolute_logits",
@@ -166,3 +175,69 @@ def absolute_attention(
         q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
         position=position, return_weights=return_weights,
     )
+
+
+@computes_in_float32
+def absolute_attention_vjp(
+    q: Any,
+    k: Any,
+    v: Any,
+    table: Any,
+    /,
+    *,
+    d_output: Any,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool | None = None,
+    q_offset: int | None = None,
+) -> dict[str, Any]:
+    r"""Gradients of `absolute_attention` for the output's cotangent `d_output` (a VJP).
+
+    .. math:: \bar{R}_j = \sum_i \bar{P}_{ij}\, q_i \ (j < t_k), \qquad
+              \bar{q}_i \mathrel{+}= \sum_j \bar{P}_{ij}\, R_j
+
+    with :math:`\bar{P} = s\,\bar{l}`; rows of positions past ``t_k`` get zero.
+
+    Parameters
+    ----------
+    q, k, v, table, scale, mask, causal, q_offset
+        As in `absolute_attention`.
+    d_output : floating array, shape ``(..., t_q, d_v)``
+        :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
+
+    Returns
+    -------
+    dict
+        The gradient with respect to each of ``q``, ``k``, ``v`` and ``table``, of its shape
+        and dtype.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.ones((2, 1))
+    >>> absolute_attention_vjp(q, k, v, xp.zeros((3, 1)), d_output=xp.ones((2, 1)))["table"]
+    Array([[0.],
+           [0.],
+           [0.]], dtype=array_api_strict.float64)
+    """
+    call = absolute_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset
+    )
+    check_d_output(d_output, q, call, v.shape[-1])
+    rows = table[..., : call.t_k, :]
+    fwd = forward(q, k, call, mask=mask, position=absolute_logits(q, table, call.t_k))
+    core = core_vjp(q, k, v, d_output, call, fwd)
+    xp = call.xp
+    d_position = core.d_logits * call.scale
+    allowed_t = None if fwd.allowed is None else xp.matrix_transpose(fwd.allowed)
+    d_rows = masked_product(xp.matrix_transpose(d_position), q, used=allowed_t)
+    d_rows = sum_to_shape(d_rows, tuple(rows.shape))
+    rest = xp.zeros((*table.shape[:-2], table.shape[-2] - call.t_k, table.shape[-1]),
+                    dtype=table.dtype, device=_xp.device(table))
+    return {
+        "q": sum_to_shape(core.dq + masked_product(d_position, rows, used=fwd.allowed),
+                          q.shape),
+        "k": sum_to_shape(core.dk, k.shape),
+        "v": sum_to_shape(core.dv, v.shape),
+        "table": xp.concat([d_rows, rest], axis=-2),
+    }

@@ -21,9 +21,24 @@ from .. import _xp
 from .._validate import broadcast_shapes, check_bool, nonnegative_int, positive_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
+from ..gradients import (
+    check_d_output,
+    core_vjp,
+    distance_axis,
+    forward,
+    scalar_rows_vjp,
+    sum_to_shape,
+)
 from ..positions import relative_positions
 
-__all__ = ["DEFAULTS", "alibi_attention", "alibi_bias", "alibi_call", "alibi_slopes"]
+__all__ = [
+    "DEFAULTS",
+    "alibi_attention",
+    "alibi_attention_vjp",
+    "alibi_bias",
+    "alibi_call",
+    "alibi_slopes",
+]
 
 #: ALiBi's defaults: ``scale = 1/sqrt(d)``, not causal, start-aligned queries.
 DEFAULTS = PLAIN
@@ -207,3 +222,69 @@ def alibi_attention(
         q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
         bias=bias, return_weights=return_weights,
     )
+
+
+@computes_in_float32
+def alibi_attention_vjp(
+    q: Any,
+    k: Any,
+    v: Any,
+    /,
+    *,
+    d_output: Any,
+    slopes: Any = None,
+    symmetric: bool = True,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool | None = None,
+    q_offset: int | None = None,
+) -> dict[str, Any]:
+    r"""Gradients of `alibi_attention` for the output's cotangent `d_output` (a VJP).
+
+    .. math:: \bar{m}_h = \sum_{i, j} \bar{l}^{\,h}_{ij}\,(-|r_{ij}|)
+              \quad (\text{or } r_{ij} \text{ in the causal form})
+
+    for the slopes (learned ALiBi variants train them); q, k and v as in
+    `relpos_ref.gradients.attention_vjp`.
+
+    Parameters
+    ----------
+    q, k, v, slopes, symmetric, scale, mask, causal, q_offset
+        As in `alibi_attention`.
+    d_output : floating array, shape ``(..., t_q, d_v)``
+        :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
+
+    Returns
+    -------
+    dict
+        The gradient with respect to each of ``q``, ``k``, ``v`` and ``slopes`` (those used:
+        `alibi_slopes` when not given), of its shape and dtype.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = xp.zeros((1, 2, 1))
+    >>> v = xp.asarray([[[1.0], [3.0]]])
+    >>> g = alibi_attention_vjp(q, k, v, d_output=xp.ones((1, 2, 1)), slopes=xp.asarray([0.0]))
+    >>> g["slopes"]  # a steeper slope pulls each query towards its own key
+    Array([0.], dtype=array_api_strict.float64)
+    """
+    call, used = alibi_call(
+        q, k, v, slopes=slopes, symmetric=symmetric, scale=scale, mask=mask, causal=causal,
+        q_offset=q_offset,
+    )
+    check_d_output(d_output, q, call, v.shape[-1])
+    bias = alibi_bias(used, call.t_q, call.t_k, q_offset=call.q_offset, symmetric=symmetric)
+    fwd = forward(q, k, call, mask=mask, bias=bias)
+    core = core_vjp(q, k, v, d_output, call, fwd)
+    axis = distance_axis(call.t_q, call.t_k, call.q_offset)
+    xp, dev = call.xp, _xp.device(q)
+    r = xp.astype(xp.arange(axis.n, device=dev) + axis.low, q.dtype)
+    distance = -xp.abs(r) if symmetric else r
+    per_head = sum_to_shape(scalar_rows_vjp(core.d_logits, axis), (used.shape[0], axis.n))
+    return {
+        "q": sum_to_shape(core.dq, q.shape),
+        "k": sum_to_shape(core.dk, k.shape),
+        "v": sum_to_shape(core.dv, v.shape),
+        "slopes": xp.matmul(per_head, distance),
+    }

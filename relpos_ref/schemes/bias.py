@@ -14,11 +14,26 @@ from .. import _xp
 from .._validate import check_choice, nonnegative_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
+from ..gradients import (
+    check_d_output,
+    core_vjp,
+    distance_axis,
+    forward,
+    scalar_rows_vjp,
+    sum_to_shape,
+    table_gradient,
+)
 from ..positions import BEYOND_POLICIES
 from ._tables import check_table, gather_scalars
 from .shaw import shaw_index
 
-__all__ = ["DEFAULTS", "bias_attention", "bias_call", "bias_logits"]
+__all__ = [
+    "DEFAULTS",
+    "bias_attention",
+    "bias_attention_vjp",
+    "bias_call",
+    "bias_logits",
+]
 
 #: A learned bias's defaults: ``scale = 1/sqrt(d)``, not causal, start-aligned queries.
 DEFAULTS = PLAIN
@@ -156,3 +171,68 @@ def bias_attention(
         q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
         bias=bias, return_weights=return_weights,
     )
+
+
+@computes_in_float32
+def bias_attention_vjp(
+    q: Any,
+    k: Any,
+    v: Any,
+    table: Any,
+    /,
+    *,
+    d_output: Any,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool | None = None,
+    q_offset: int | None = None,
+    beyond: str = "clip",
+) -> dict[str, Any]:
+    r"""Gradients of `bias_attention` for the output's cotangent `d_output` (a VJP).
+
+    .. math:: \bar{b}_c = \sum_{r:\ \text{idx}(r) = c}\ \sum_i \bar{l}^\text{rel}_{ir}
+
+    (the logits' gradient summed over each distance's pairs, then over the
+    distances that share an entry: every ``|r| > K`` with ``"clip"``, none
+    with ``"zero"``); q, k and v as in `relpos_ref.gradients.attention_vjp`.
+
+    Parameters
+    ----------
+    q, k, v, table, scale, mask, causal, q_offset, beyond
+        As in `bias_attention`.
+    d_output : floating array, shape ``(..., t_q, d_v)``
+        :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
+
+    Returns
+    -------
+    dict
+        The gradient with respect to each of ``q``, ``k``, ``v`` and ``table``, of its shape
+        and dtype.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.ones((2, 1))
+    >>> g = bias_attention_vjp(q, k, v, xp.zeros(3), d_output=xp.asarray([[1.0], [0.0]]),
+    ...                        causal=True)
+    >>> g["table"]  # the pair at r = -1 moves the output by v - out = 0
+    Array([0., 0., 0.], dtype=array_api_strict.float64)
+    """
+    call = bias_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, beyond=beyond
+    )
+    check_d_output(d_output, q, call, v.shape[-1])
+    bias = bias_logits(table, call.t_q, call.t_k, q_offset=call.q_offset, beyond=beyond)
+    fwd = forward(q, k, call, mask=mask, bias=bias)
+    core = core_vjp(q, k, v, d_output, call, fwd)
+    axis = distance_axis(call.t_q, call.t_k, call.q_offset)
+    index, valid = shaw_index(1, axis.n, max_distance=(table.shape[-1] - 1) // 2,
+                              q_offset=-axis.low, beyond=beyond, xp=call.xp,
+                              device=_xp.device(q))
+    return {
+        "q": sum_to_shape(core.dq, q.shape),
+        "k": sum_to_shape(core.dk, k.shape),
+        "v": sum_to_shape(core.dv, v.shape),
+        "table": table_gradient(scalar_rows_vjp(core.d_logits, axis), table, index[0, :],
+                                valid[0, :], scalar=True),
+    }

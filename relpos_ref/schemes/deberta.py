@@ -43,6 +43,17 @@ from .. import _xp
 from .._validate import as_int, nonnegative_int, positive_int
 from ..attention import attention
 from ..calls import Call, Defaults, computes_in_float32, resolve_call
+from ..gradients import (
+    check_d_output,
+    core_vjp,
+    distance_axis,
+    forward,
+    key_rows_vjp,
+    query_rows_vjp,
+    sum_to_shape,
+    table_gradient,
+    table_rows,
+)
 from ..layouts import _take_per_row
 from ..positions import check_integer_array, relative_positions
 from ._tables import (
@@ -57,6 +68,7 @@ from ._tables import (
 __all__ = [
     "DEFAULTS",
     "deberta_attention",
+    "deberta_attention_vjp",
     "deberta_bucket",
     "deberta_bucket_boundaries",
     "deberta_call",
@@ -481,3 +493,91 @@ def deberta_attention(
         q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
         position=position, return_weights=return_weights,
     )
+
+
+@computes_in_float32
+def deberta_attention_vjp(
+    q: Any,
+    k: Any,
+    v: Any,
+    key_table: Any = None,
+    query_table: Any = None,
+    /,
+    *,
+    d_output: Any,
+    max_position: int | None = None,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool | None = None,
+    q_offset: int | None = None,
+) -> dict[str, Any]:
+    r"""Gradients of `deberta_attention` for the output's cotangent `d_output` (a VJP).
+
+    With :math:`\bar{P} = s\,\bar{l}` laid out by distance, from the queries'
+    side for c2p and from the keys' side for p2c,
+
+    .. math::
+        \bar{K}^r_c = \sum_{r:\ \text{row}(r) = c}\ \sum_i \bar{P}^\text{rel}_{ir}\, q_i,
+        \qquad
+        \bar{Q}^r_c = \sum_{r:\ \text{row}(r) = c}\ \sum_j \bar{P}^\text{rel}_{jr}\, k_j,
+
+    and :math:`\bar{q}` (:math:`\bar{k}`) gains the rows of :math:`K^r`
+    (:math:`Q^r`) weighted the same way.
+
+    Parameters
+    ----------
+    q, k, v, key_table, query_table, max_position, scale, mask, causal, q_offset
+        As in `deberta_attention`.
+    d_output : floating array, shape ``(..., t_q, d_v)``
+        :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
+
+    Returns
+    -------
+    dict
+        The gradient with respect to each of ``q``, ``k``, ``v`` and the tables given, of
+        its shape and dtype.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.ones((2, 1))
+    >>> g = deberta_attention_vjp(q, k, v, xp.zeros((4, 1)), d_output=xp.ones((2, 1)))
+    >>> sorted(g)
+    ['k', 'key_table', 'q', 'v']
+    """
+    call = deberta_call(
+        q, k, v, key_table, query_table, max_position=max_position, scale=scale, mask=mask,
+        causal=causal, q_offset=q_offset, method="efficient",
+    )
+    check_d_output(d_output, q, call, v.shape[-1])
+    position = deberta_logits(
+        q, k, key_table, query_table, max_position=max_position, q_offset=call.q_offset
+    )
+    fwd = forward(q, k, call, mask=mask, position=position)
+    core = core_vjp(q, k, v, d_output, call, fwd)
+    xp, dev = call.xp, _xp.device(q)
+    d_position = core.d_logits * call.scale
+    axis = distance_axis(call.t_q, call.t_k, call.q_offset)
+    dq, dk = core.dq, core.dk
+    grads: dict[str, Any] = {}
+    span = _check_tables(q, key_table, query_table)
+    if span is not None:
+        r = xp.arange(axis.n, dtype=_xp.index_dtype(xp, dev), device=dev) + axis.low
+        index = deberta_rows(r, span=span, max_position=max_position)
+        every = xp.ones((axis.n,), dtype=xp.bool, device=dev)
+        if key_table is not None:
+            d_q, d_rows = query_rows_vjp(d_position, q, table_rows(key_table, index), axis,
+                                         allowed=fwd.allowed)
+            dq = dq + d_q
+            grads["key_table"] = table_gradient(d_rows, key_table, index, every)
+        if query_table is not None:
+            d_k, d_rows = key_rows_vjp(d_position, k, table_rows(query_table, index), axis,
+                                       allowed=fwd.allowed)
+            dk = dk + d_k
+            grads["query_table"] = table_gradient(d_rows, query_table, index, every)
+    return {
+        "q": sum_to_shape(dq, q.shape),
+        "k": sum_to_shape(dk, k.shape),
+        "v": sum_to_shape(core.dv, v.shape),
+        **grads,
+    }

@@ -21,6 +21,16 @@ from .. import _xp
 from .._validate import as_int, check_choice, nonnegative_int, positive_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
+from ..gradients import (
+    check_d_output,
+    core_vjp,
+    distance_axis,
+    forward,
+    query_rows_vjp,
+    sum_to_shape,
+    table_gradient,
+    table_rows,
+)
 from ..layouts import TABLE_ORDERS, pad_flatten_reshape
 from ..positions import check_distances_in_table, distance_range, relative_positions
 from ._tables import check_method, check_table, contract_rows, gather_rows, table_logits
@@ -28,6 +38,7 @@ from ._tables import check_method, check_table, contract_rows, gather_rows, tabl
 __all__ = [
     "DEFAULTS",
     "general_attention",
+    "general_attention_vjp",
     "general_call",
     "general_index",
     "general_logits",
@@ -222,7 +233,8 @@ def general_window(
         window = table[..., r_min + t_max - 1 : r_max + t_max, :]
     else:
         window = xp.flip(table[..., t_max - 1 - r_max : t_max - r_min, :], axis=-2)
-    return xp.asarray(window, copy=True)
+    # a fresh array (reshape's copy keeps autograd quiet where asarray's would warn)
+    return xp.reshape(window, tuple(window.shape), copy=True)
 
 
 def general_call(
@@ -311,3 +323,71 @@ def general_attention(
         q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
         position=position, return_weights=return_weights,
     )
+
+
+@computes_in_float32
+def general_attention_vjp(
+    q: Any,
+    k: Any,
+    v: Any,
+    table: Any,
+    /,
+    *,
+    d_output: Any,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool | None = None,
+    q_offset: int | None = None,
+    order: str = "past_to_future",
+) -> dict[str, Any]:
+    r"""Gradients of `general_attention` for the output's cotangent `d_output` (a VJP).
+
+    .. math:: \bar{E}_{\text{row}(r)} = \sum_i \bar{P}^\text{rel}_{ir}\, q_i, \qquad
+              \bar{q}_i \mathrel{+}= \sum_r \bar{P}^\text{rel}_{ir}\, E_{\text{row}(r)}
+
+    with :math:`\bar{P} = s\,\bar{l}`; one row per distance, so rows of
+    distances the grid never has get zero.
+
+    Parameters
+    ----------
+    q, k, v, table, scale, mask, causal, q_offset, order
+        As in `general_attention`.
+    d_output : floating array, shape ``(..., t_q, d_v)``
+        :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
+
+    Returns
+    -------
+    dict
+        The gradient with respect to each of ``q``, ``k``, ``v`` and ``table``, of its shape
+        and dtype.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.ones((2, 1))
+    >>> general_attention_vjp(q, k, v, xp.zeros((3, 1)), d_output=xp.ones((2, 1)))["v"]
+    Array([[1.],
+           [1.]], dtype=array_api_strict.float64)
+    """
+    call = general_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, order=order,
+        method="efficient",
+    )
+    check_d_output(d_output, q, call, v.shape[-1])
+    position = general_logits(q, table, call.t_k, q_offset=call.q_offset, order=order)
+    fwd = forward(q, k, call, mask=mask, position=position)
+    axis = distance_axis(call.t_q, call.t_k, call.q_offset)
+    xp, dev = call.xp, _xp.device(q)
+    t_max = _t_max(table)
+    r = xp.arange(axis.n, dtype=_xp.index_dtype(xp, dev), device=dev) + axis.low
+    index = r + (t_max - 1) if order == "past_to_future" else (t_max - 1) - r
+    every = xp.ones((axis.n,), dtype=xp.bool, device=dev)
+    core = core_vjp(q, k, v, d_output, call, fwd)
+    dq_table, d_rows = query_rows_vjp(core.d_logits * call.scale, q, table_rows(table, index),
+                                      axis, allowed=fwd.allowed)
+    return {
+        "q": sum_to_shape(core.dq + dq_table, q.shape),
+        "k": sum_to_shape(core.dk, k.shape),
+        "v": sum_to_shape(core.dv, v.shape),
+        "table": table_gradient(d_rows, table, index, every),
+    }

@@ -19,11 +19,25 @@ from .. import _xp
 from .._validate import positive_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
-from ..layouts import pad_flatten_reshape
+from ..gradients import (
+    check_d_output,
+    core_vjp,
+    forward,
+    masked_product,
+    sum_to_shape,
+)
+from ..layouts import _take_per_row, pad_flatten_reshape
 from ..positions import grid_positions
 from ._tables import check_method, check_table, contract_rows, gather_rows, table_logits
 
-__all__ = ["DEFAULTS", "grid2d_attention", "grid2d_call", "grid2d_index", "grid2d_logits"]
+__all__ = [
+    "DEFAULTS",
+    "grid2d_attention",
+    "grid2d_attention_vjp",
+    "grid2d_call",
+    "grid2d_index",
+    "grid2d_logits",
+]
 
 #: 2D relative attention's defaults: ``scale = 1/sqrt(d)``, not causal (raster order if so).
 DEFAULTS = PLAIN
@@ -236,3 +250,97 @@ def grid2d_attention(
         q, k, v, scale=call.scale, mask=mask, causal=call.causal, position=position,
         return_weights=return_weights,
     )
+
+
+def _by_offset(x: Any, coordinate: Any, size: int, sum_axis: int) -> Any:
+    # (..., hw, hw) per key token -> (..., hw, 2 size - 1) per offset of one coordinate:
+    # summed over the other coordinate of the key, then read at the query's own + offset.
+    xp = _xp.array_namespace(x)
+    shape = (size, -1) if sum_axis == -1 else (-1, size)  # key rows, or key columns
+    per_key = xp.sum(xp.reshape(x, (*x.shape[:-1], *shape)), axis=sum_axis)
+    offsets = xp.arange(2 * size - 1, dtype=coordinate.dtype, device=_xp.device(coordinate))
+    key = coordinate[:, None] + offsets[None, :] - (size - 1)
+    inside = (key >= 0) & (key < size)
+    zero = xp.zeros((), dtype=x.dtype, device=_xp.device(x))
+    return xp.where(inside, _take_per_row(per_key, xp.clip(key, 0, size - 1)), zero)
+
+
+@computes_in_float32
+def grid2d_attention_vjp(
+    q: Any,
+    k: Any,
+    v: Any,
+    row_table: Any,
+    col_table: Any,
+    /,
+    *,
+    d_output: Any,
+    height: int,
+    width: int,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool | None = None,
+) -> dict[str, Any]:
+    r"""Gradients of `grid2d_attention` for the output's cotangent `d_output` (a VJP).
+
+    .. math:: \bar{R}_{dy} = \sum_n \Bigl(\sum_{m:\ y_m - y_n = dy} \bar{P}_{nm}\Bigr) q_n,
+              \qquad
+              \bar{q}_n \mathrel{+}= \sum_{dy} \Bigl(\sum_{m:\ y_m - y_n = dy}
+              \bar{P}_{nm}\Bigr) R_{dy} + (\text{the same for columns})
+
+    with :math:`\bar{P} = s\,\bar{l}`: the gradient is summed over the key's
+    other coordinate, then read per query at each offset (no scatter).
+
+    Parameters
+    ----------
+    q, k, v, row_table, col_table, height, width, scale, mask, causal
+        As in `grid2d_attention`.
+    d_output : floating array, shape ``(..., t_q, d_v)``
+        :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
+
+    Returns
+    -------
+    dict
+        The gradient with respect to each of ``q``, ``k``, ``v``, ``row_table`` and
+        ``col_table``, of its shape and dtype.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = xp.ones((2, 1))
+    >>> g = grid2d_attention_vjp(q, q, q, xp.zeros((1, 1)), xp.zeros((3, 1)),
+    ...                          d_output=xp.ones((2, 1)), height=1, width=2)
+    >>> g["col_table"][:, 0]
+    Array([0., 0., 0.], dtype=array_api_strict.float64)
+    """
+    call = grid2d_call(
+        q, k, v, row_table, col_table, height=height, width=width, scale=scale, mask=mask,
+        causal=causal, method="efficient",
+    )
+    check_d_output(d_output, q, call, v.shape[-1])
+    position = grid2d_logits(q, row_table, col_table, height=height, width=width)
+    fwd = forward(q, k, call, mask=mask, position=position)
+    core = core_vjp(q, k, v, d_output, call, fwd)
+    xp, dev = call.xp, _xp.device(q)
+    d_position = core.d_logits * call.scale
+    rows, cols = grid_positions(height, width, xp=xp, device=dev)
+    allowed = fwd.allowed
+    if allowed is None:
+        allowed = xp.ones((call.t_q, call.t_k), dtype=xp.bool, device=dev)
+    reach = xp.astype(allowed, d_position.dtype)
+    grads = {}
+    dq = core.dq
+    zero = xp.zeros((), dtype=d_position.dtype, device=dev)
+    for name, table, coordinate, size, axis in (("row_table", row_table, rows, height, -1),
+                                                ("col_table", col_table, cols, width, -2)):
+        g = _by_offset(d_position, coordinate, size, axis)
+        used = _by_offset(reach, coordinate, size, axis) > zero
+        dq = dq + masked_product(g, table, used=used)
+        d_rows = masked_product(xp.matrix_transpose(g), q, used=xp.matrix_transpose(used))
+        grads[name] = sum_to_shape(d_rows, tuple(table.shape))
+    return {
+        "q": sum_to_shape(dq, q.shape),
+        "k": sum_to_shape(core.dk, k.shape),
+        "v": sum_to_shape(core.dv, v.shape),
+        **grads,
+    }

@@ -20,6 +20,17 @@ from .. import _xp
 from .._validate import as_int, check_bool, check_choice, nonnegative_int
 from ..attention import allowed_keys, attention
 from ..calls import Call, Defaults, computes_in_float32, resolve_call
+from ..gradients import (
+    check_d_output,
+    core_vjp,
+    distance_axis,
+    forward,
+    query_rows_vjp,
+    sum_to_shape,
+    table_gradient,
+    table_rows,
+    value_rows_vjp,
+)
 from ..layouts import pad_flatten_reshape, rel_shift
 from ..positions import (
     _ERROR_POLICY_HINT,
@@ -46,6 +57,7 @@ from ._tables import (
 __all__ = [
     "DEFAULTS",
     "music_attention",
+    "music_attention_vjp",
     "music_call",
     "music_index",
     "music_logits",
@@ -371,3 +383,75 @@ def music_attention(
             allowed=allowed,
         )
     return (out, weights) if check_bool("return_weights", return_weights) else out
+
+
+@computes_in_float32
+def music_attention_vjp(
+    q: Any,
+    k: Any,
+    v: Any,
+    table: Any,
+    value_table: Any = None,
+    /,
+    *,
+    d_output: Any,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool | None = None,
+    q_offset: int | None = None,
+    beyond: str = "clip",
+) -> dict[str, Any]:
+    r"""Gradients of `music_attention` for the output's cotangent `d_output` (a VJP).
+
+    As `relpos_ref.schemes.shaw.shaw_attention_vjp` with the one-sided row
+    map: a future distance (``r > 0``) reads no row, so it adds nothing to
+    any table; with ``"clip"`` row 0 collects every ``r < -(M - 1)``.
+
+    Parameters
+    ----------
+    q, k, v, table, value_table, scale, mask, causal, q_offset, beyond
+        As in `music_attention`.
+    d_output : floating array, shape ``(..., t_q, d_v)``
+        :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
+
+    Returns
+    -------
+    dict
+        The gradient with respect to each of ``q``, ``k``, ``v``, ``table`` and, when given,
+        ``value_table``, of its shape and dtype.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.ones((2, 1))
+    >>> g = music_attention_vjp(q, k, v, xp.zeros((2, 1)), d_output=xp.ones((2, 1)))
+    >>> g["table"][:, 0]  # the output does not move: v is the same everywhere
+    Array([0., 0.], dtype=array_api_strict.float64)
+    """
+    call = music_call(
+        q, k, v, table, value_table, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
+        beyond=beyond, method="efficient",
+    )
+    check_d_output(d_output, q, call, v.shape[-1])
+    position = music_logits(q, table, call.t_k, q_offset=call.q_offset, beyond=beyond)
+    fwd = forward(q, k, call, mask=mask, position=position)
+    axis = distance_axis(call.t_q, call.t_k, call.q_offset)
+    index, valid = music_index(1, axis.n, length=_length(table), q_offset=-axis.low,
+                               beyond=beyond, xp=call.xp, device=_xp.device(q))
+    index, valid = index[0, :], valid[0, :]
+    grads: dict[str, Any] = {}
+    d_weights = None
+    if value_table is not None:
+        d_weights, d_rows = value_rows_vjp(fwd, d_output, table_rows(value_table, index, valid),
+                                           axis)
+        grads["value_table"] = table_gradient(d_rows, value_table, index, valid)
+    core = core_vjp(q, k, v, d_output, call, fwd, d_weights=d_weights)
+    dq_table, d_rows = query_rows_vjp(core.d_logits * call.scale, q,
+                                      table_rows(table, index, valid), axis, allowed=fwd.allowed)
+    return {
+        "q": sum_to_shape(core.dq + dq_table, q.shape),
+        "k": sum_to_shape(core.dk, k.shape),
+        "v": sum_to_shape(core.dv, v.shape),
+        "table": table_gradient(d_rows, table, index, valid),
+        **grads,
+    }

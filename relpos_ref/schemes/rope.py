@@ -24,14 +24,21 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _xp
-from .._validate import as_float, as_int, check_choice
+from .._validate import as_float, as_int, check_bool, check_choice
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
+from ..gradients import (
+    check_d_output,
+    core_vjp,
+    forward,
+    sum_to_shape,
+)
 
 __all__ = [
     "DEFAULTS",
     "ROPE_LAYOUTS",
     "rope_attention",
+    "rope_attention_vjp",
     "rope_call",
     "rope_frequencies",
     "rope_rotate",
@@ -90,8 +97,9 @@ def rope_rotate(
     base: float = 10000.0,
     rotary_dim: int | None = None,
     layout: str = "half",
+    inverse: bool = False,
 ) -> Any:
-    """Rotate each row of `x` by its position ``offset + t``.
+    """Rotate each row of `x` by its position ``offset + t`` (by minus it, if `inverse`).
 
     Parameters
     ----------
@@ -104,6 +112,9 @@ def rope_rotate(
         Rotated features (even, ``<= d``); default all ``d``.
     layout : {"half", "interleaved"}, optional
         Which features form a pair.
+    inverse : bool, optional
+        Turn the other way: ``R^T = R^{-1}``, the rotation's transpose (the
+        backward pass's).
 
     Returns
     -------
@@ -128,12 +139,14 @@ def rope_rotate(
     *_, t, d = x.shape
     rd = _rotary_dim(d, rotary_dim)
     if rd == 0:
-        return xp.asarray(x, copy=True)  # a fresh array, bit for bit
+        return xp.reshape(x, tuple(x.shape), copy=True)  # fresh, bit for bit, autograd-quiet
     dev = _xp.device(x)
     freqs = xp.asarray(rope_frequencies(rd, base=base), dtype=x.dtype, device=dev)
     pos = xp.astype(xp.arange(offset, offset + t, device=dev), x.dtype)
     angle = pos[:, None] * freqs[None, :]  # (t, rd / 2)
     cos, sin = xp.cos(angle), xp.sin(angle)
+    if check_bool("inverse", inverse):
+        sin = -sin
     half = rd // 2
     if layout == "half":
         a, b = x[..., :half], x[..., half:rd]
@@ -231,3 +244,63 @@ def rope_attention(
         q_rot, k_rot, v, scale=call.scale, mask=mask, causal=call.causal,
         q_offset=call.q_offset, return_weights=return_weights,
     )
+
+
+@computes_in_float32
+def rope_attention_vjp(
+    q: Any,
+    k: Any,
+    v: Any,
+    /,
+    *,
+    d_output: Any,
+    base: float = 10000.0,
+    rotary_dim: int | None = None,
+    layout: str = "half",
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool | None = None,
+    q_offset: int | None = None,
+) -> dict[str, Any]:
+    r"""Gradients of `rope_attention` for the output's cotangent `d_output` (a VJP).
+
+    .. math:: \bar{q}_i = R_{i + q_\text{offset}}^\top\, \bar{\tilde{q}}_i, \qquad
+              \bar{k}_j = R_j^\top\, \bar{\tilde{k}}_j
+
+    where :math:`\bar{\tilde{q}}, \bar{\tilde{k}}` are plain attention's
+    gradients at the rotated queries and keys, and :math:`R^\top` turns by
+    the opposite angle (``rope_rotate(..., inverse=True)``).
+
+    Parameters
+    ----------
+    q, k, v, base, rotary_dim, layout, scale, mask, causal, q_offset
+        As in `rope_attention`.
+    d_output : floating array, shape ``(..., t_q, d_v)``
+        :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
+
+    Returns
+    -------
+    dict
+        The gradient with respect to each of ``q``, ``k`` and ``v``, of its shape and dtype.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.eye(2)
+    >>> rope_attention_vjp(q, k, v, d_output=xp.zeros((2, 2)))["q"]
+    Array([[0., 0.],
+           [0., 0.]], dtype=array_api_strict.float64)
+    """
+    call = rope_call(
+        q, k, v, base=base, rotary_dim=rotary_dim, layout=layout, scale=scale, mask=mask,
+        causal=causal, q_offset=q_offset,
+    )
+    check_d_output(d_output, q, call, v.shape[-1])
+    opts = {"base": base, "rotary_dim": rotary_dim, "layout": layout}
+    q_rot = rope_rotate(q, offset=call.q_offset, **opts)
+    k_rot = rope_rotate(k, offset=0, **opts)
+    fwd = forward(q_rot, k_rot, call, mask=mask)
+    core = core_vjp(q_rot, k_rot, v, d_output, call, fwd)
+    dq = rope_rotate(sum_to_shape(core.dq, q.shape), offset=call.q_offset, inverse=True, **opts)
+    dk = rope_rotate(sum_to_shape(core.dk, k.shape), offset=0, inverse=True, **opts)
+    return {"q": dq, "k": dk, "v": sum_to_shape(core.dv, v.shape)}

@@ -21,6 +21,17 @@ from .. import _xp
 from .._validate import check_bool, check_choice, nonnegative_int
 from ..attention import allowed_keys, attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
+from ..gradients import (
+    check_d_output,
+    core_vjp,
+    distance_axis,
+    forward,
+    query_rows_vjp,
+    sum_to_shape,
+    table_gradient,
+    table_rows,
+    value_rows_vjp,
+)
 from ..layouts import _take_per_row
 from ..positions import (
     BEYOND_POLICIES,
@@ -42,7 +53,15 @@ from ._tables import (
     weighted_rows,
 )
 
-__all__ = ["DEFAULTS", "shaw_attention", "shaw_call", "shaw_index", "shaw_logits", "shaw_values"]
+__all__ = [
+    "DEFAULTS",
+    "shaw_attention",
+    "shaw_attention_vjp",
+    "shaw_call",
+    "shaw_index",
+    "shaw_logits",
+    "shaw_values",
+]
 
 #: Shaw et al.'s defaults: ``scale = 1/sqrt(d)``, not causal, start-aligned queries.
 DEFAULTS = PLAIN
@@ -355,3 +374,96 @@ def shaw_attention(
             allowed=allowed,
         )
     return (out, weights) if check_bool("return_weights", return_weights) else out
+
+
+def _distance_rows(axis: Any, k: int, beyond: str, xp: Any, device: Any) -> TableIndex:
+    # the table row of each distance low .. low + n - 1 (a one-query grid at -low)
+    index, valid = shaw_index(1, axis.n, max_distance=k, q_offset=-axis.low, beyond=beyond,
+                              xp=xp, device=device)
+    return TableIndex(index[0, :], valid[0, :])
+
+
+@computes_in_float32
+def shaw_attention_vjp(
+    q: Any,
+    k: Any,
+    v: Any,
+    key_table: Any,
+    value_table: Any = None,
+    /,
+    *,
+    d_output: Any,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool | None = None,
+    q_offset: int | None = None,
+    beyond: str = "clip",
+) -> dict[str, Any]:
+    r"""Gradients of `shaw_attention` for the output's cotangent `d_output` (a VJP).
+
+    With :math:`\bar{l}` the logits' gradient (`relpos_ref.gradients`) and
+    :math:`\bar{P} = s\,\bar{l}` laid out by distance,
+
+    .. math::
+        \bar{q}_i = s \sum_j \bar{l}_{ij}\, k_j
+                    + \sum_r \bar{P}^\text{rel}_{ir}\, a^K_{\text{idx}(r)},
+        \qquad
+        \bar{a}^K_c = \sum_{r:\ \text{idx}(r) = c}\ \sum_i \bar{P}^\text{rel}_{ir}\, q_i,
+        \qquad
+        \bar{a}^V_c = \sum_{r:\ \text{idx}(r) = c}\ \sum_i w^\text{rel}_{ir}\, \bar{o}_i,
+
+    and the value table adds :math:`\bar{o}_i \cdot a^V_{\text{idx}(r_{ij})}` to
+    :math:`\bar{w}_{ij}`. With ``beyond="clip"`` the end rows collect every
+    distance beyond ``±K``; with ``"zero"`` those distances add nothing.
+
+    Parameters
+    ----------
+    q, k, v, key_table, value_table, scale, mask, causal, q_offset, beyond
+        As in `shaw_attention`.
+    d_output : floating array, shape ``(..., t_q, d_v)``
+        :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
+
+    Returns
+    -------
+    dict
+        ``"q"``, ``"k"``, ``"v"``, ``"key_table"`` and, when given,
+        ``"value_table"``: the gradient with respect to each, of its shape and dtype.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.ones((1, 2, 1))
+    >>> aK = xp.zeros((3, 1))  # K = 1
+    >>> g = shaw_attention_vjp(q, k, v, aK, d_output=xp.ones((1, 2, 1)))
+    >>> g["v"][0, :, 0]
+    Array([1., 1.], dtype=array_api_strict.float64)
+    >>> g["key_table"][:, 0]  # v is the same at every key: no table row moves the output
+    Array([0., 0., 0.], dtype=array_api_strict.float64)
+    """
+    call = shaw_call(
+        q, k, v, key_table, value_table, scale=scale, mask=mask, causal=causal,
+        q_offset=q_offset, beyond=beyond, method="efficient",
+    )
+    check_d_output(d_output, q, call, v.shape[-1])
+    position = shaw_logits(q, key_table, call.t_k, q_offset=call.q_offset, beyond=beyond)
+    fwd = forward(q, k, call, mask=mask, position=position)
+    axis = distance_axis(call.t_q, call.t_k, call.q_offset)
+    index, valid = _distance_rows(axis, _max_distance("key_table", key_table),
+                                  beyond, call.xp, _xp.device(q))
+    grads: dict[str, Any] = {}
+    d_weights = None
+    if value_table is not None:
+        d_weights, d_rows = value_rows_vjp(fwd, d_output, table_rows(value_table, index, valid),
+                                           axis)
+        grads["value_table"] = table_gradient(d_rows, value_table, index, valid)
+    core = core_vjp(q, k, v, d_output, call, fwd, d_weights=d_weights)
+    dq_table, d_rows = query_rows_vjp(core.d_logits * call.scale, q,
+                                      table_rows(key_table, index, valid), axis,
+                                      allowed=fwd.allowed)
+    return {
+        "q": sum_to_shape(core.dq + dq_table, q.shape),
+        "k": sum_to_shape(core.dk, k.shape),
+        "v": sum_to_shape(core.dv, v.shape),
+        "key_table": table_gradient(d_rows, key_table, index, valid),
+        **grads,
+    }

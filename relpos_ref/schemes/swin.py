@@ -20,10 +20,24 @@ from .. import _xp
 from .._validate import positive_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
+from ..gradients import (
+    check_d_output,
+    core_vjp,
+    forward,
+    sum_to_shape,
+)
+from ..layouts import _take_per_row
 from ..positions import grid_positions
 from ._tables import check_table, gather_scalars
 
-__all__ = ["DEFAULTS", "swin_attention", "swin_bias", "swin_call", "swin_index"]
+__all__ = [
+    "DEFAULTS",
+    "swin_attention",
+    "swin_attention_vjp",
+    "swin_bias",
+    "swin_call",
+    "swin_index",
+]
 
 #: Swin's defaults: ``scale = 1/sqrt(d)``, not causal (window attention).
 DEFAULTS = PLAIN
@@ -180,3 +194,81 @@ def swin_attention(
     return attention(
         q, k, v, scale=call.scale, mask=mask, bias=bias, return_weights=return_weights
     )
+
+
+def _pairs_by_entry(window_height: int, window_width: int, *, xp: Any, device: Any = None
+                    ) -> tuple[Any, Any]:
+    # For token n and table entry c = (dy + Wh - 1)(2 Ww - 1) + dx + Ww - 1: the key m at
+    # offset (dy, dx) from n, and whether it is in the window. (Wh Ww, n_entries) each.
+    wh, ww = window_height, window_width
+    y, x = grid_positions(wh, ww, xp=xp, device=device)
+    c = xp.arange((2 * wh - 1) * (2 * ww - 1), dtype=y.dtype, device=device)
+    ky = y[:, None] + (c[None, :] // (2 * ww - 1) - (wh - 1))
+    kx = x[:, None] + (c[None, :] % (2 * ww - 1) - (ww - 1))
+    inside = (ky >= 0) & (ky < wh) & (kx >= 0) & (kx < ww)
+    return xp.clip(ky, 0, wh - 1) * ww + xp.clip(kx, 0, ww - 1), inside
+
+
+@computes_in_float32
+def swin_attention_vjp(
+    q: Any,
+    k: Any,
+    v: Any,
+    table: Any,
+    /,
+    *,
+    d_output: Any,
+    window_height: int,
+    window_width: int,
+    scale: float | None = None,
+    mask: Any = None,
+) -> dict[str, Any]:
+    r"""Gradients of `swin_attention` for the output's cotangent `d_output` (a VJP).
+
+    .. math:: \bar{b}_c = \sum_{(n, m):\ \text{idx}(n, m) = c} \bar{l}_{nm}
+
+    Each entry collects the logits' gradient of every token pair at its
+    offset ``(dy, dx)``, read per query token (no scatter); q, k and v as in
+    `relpos_ref.gradients.attention_vjp`.
+
+    Parameters
+    ----------
+    q, k, v, table, window_height, window_width, scale, mask
+        As in `swin_attention`.
+    d_output : floating array, shape ``(..., t_q, d_v)``
+        :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
+
+    Returns
+    -------
+    dict
+        The gradient with respect to each of ``q``, ``k``, ``v`` and ``table``, of its shape
+        and dtype.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = xp.zeros((2, 1))
+    >>> v = xp.asarray([[1.0], [3.0]])
+    >>> g = swin_attention_vjp(q, k, v, xp.zeros(3), d_output=xp.ones((2, 1)),
+    ...                        window_height=1, window_width=2)
+    >>> g["table"]  # offsets dx = -1, 0, 1
+    Array([-0.5,  0. ,  0.5], dtype=array_api_strict.float64)
+    """
+    call = swin_call(
+        q, k, v, table, window_height=window_height, window_width=window_width, scale=scale,
+        mask=mask,
+    )
+    check_d_output(d_output, q, call, v.shape[-1])
+    bias = swin_bias(table, window_height, window_width)
+    fwd = forward(q, k, call, mask=mask, bias=bias)
+    core = core_vjp(q, k, v, d_output, call, fwd)
+    xp = call.xp
+    key, inside = _pairs_by_entry(window_height, window_width, xp=xp, device=_xp.device(q))
+    zero = xp.zeros((), dtype=core.d_logits.dtype, device=_xp.device(q))
+    by_entry = xp.where(inside, _take_per_row(core.d_logits, key), zero)  # (..., n, entries)
+    return {
+        "q": sum_to_shape(core.dq, q.shape),
+        "k": sum_to_shape(core.dk, k.shape),
+        "v": sum_to_shape(core.dv, v.shape),
+        "table": sum_to_shape(xp.sum(by_entry, axis=-2), table.shape),
+    }

@@ -33,12 +33,22 @@ from .. import _xp
 from .._validate import check_bool, nonnegative_int, positive_int
 from ..attention import attention
 from ..calls import Call, Defaults, computes_in_float32, resolve_call
+from ..gradients import (
+    check_d_output,
+    core_vjp,
+    distance_axis,
+    forward,
+    scalar_rows_vjp,
+    sum_to_shape,
+    table_gradient,
+)
 from ..positions import check_integer_array, relative_positions
 from ._tables import check_table, count_reached, gather_scalars
 
 __all__ = [
     "DEFAULTS",
     "t5_attention",
+    "t5_attention_vjp",
     "t5_bias",
     "t5_bucket",
     "t5_bucket_boundaries",
@@ -304,3 +314,75 @@ def t5_attention(
         q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
         bias=bias, return_weights=return_weights,
     )
+
+
+@computes_in_float32
+def t5_attention_vjp(
+    q: Any,
+    k: Any,
+    v: Any,
+    table: Any,
+    /,
+    *,
+    d_output: Any,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool | None = None,
+    q_offset: int | None = None,
+    bidirectional: bool = True,
+    max_distance: int = 128,
+) -> dict[str, Any]:
+    r"""Gradients of `t5_attention` for the output's cotangent `d_output` (a VJP).
+
+    .. math:: \bar{b}_c = \sum_{r:\ \text{bucket}(r) = c}\ \sum_i \bar{l}^\text{rel}_{ir}
+
+    The logits' gradient summed over the pairs of each distance, then over
+    the distances of each bucket; q, k and v as in
+    `relpos_ref.gradients.attention_vjp` (T5's scale is 1).
+
+    Parameters
+    ----------
+    q, k, v, table, scale, mask, causal, q_offset, bidirectional, max_distance
+        As in `t5_attention`.
+    d_output : floating array, shape ``(..., t_q, d_v)``
+        :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
+
+    Returns
+    -------
+    dict
+        The gradient with respect to each of ``q``, ``k``, ``v`` and ``table``, of its shape
+        and dtype.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = xp.zeros((2, 1))
+    >>> v = xp.asarray([[1.0], [3.0]])
+    >>> g = t5_attention_vjp(q, k, v, xp.zeros(4), d_output=xp.ones((2, 1)), max_distance=2)
+    >>> g["table"]  # r = 0 (bucket 0) twice, r = -1 (bucket 1), r = 1 (bucket 3)
+    Array([ 0. , -0.5,  0. ,  0.5], dtype=array_api_strict.float64)
+    """
+    call = t5_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
+        bidirectional=bidirectional, max_distance=max_distance,
+    )
+    check_d_output(d_output, q, call, v.shape[-1])
+    bias = t5_bias(
+        table, call.t_q, call.t_k, q_offset=call.q_offset, bidirectional=bidirectional,
+        max_distance=max_distance,
+    )
+    fwd = forward(q, k, call, mask=mask, bias=bias)
+    core = core_vjp(q, k, v, d_output, call, fwd)
+    axis = distance_axis(call.t_q, call.t_k, call.q_offset)
+    xp, dev = call.xp, _xp.device(q)
+    r = xp.arange(axis.n, dtype=_xp.index_dtype(xp, dev), device=dev) + axis.low
+    bucket = t5_bucket(r, num_buckets=table.shape[-1], max_distance=max_distance,
+                       bidirectional=bidirectional)
+    every = xp.ones((axis.n,), dtype=xp.bool, device=dev)
+    return {
+        "q": sum_to_shape(core.dq, q.shape),
+        "k": sum_to_shape(core.dk, k.shape),
+        "v": sum_to_shape(core.dv, v.shape),
+        "table": table_gradient(scalar_rows_vjp(core.d_logits, axis), table, bucket, every,
+                                scalar=True),
+    }

@@ -39,6 +39,14 @@ from .. import _xp
 from .._validate import as_float, as_int, nonnegative_int
 from ..attention import attention
 from ..calls import Call, Defaults, computes_in_float32, resolve_call
+from ..gradients import (
+    check_d_output,
+    core_vjp,
+    distance_axis,
+    forward,
+    query_rows_vjp,
+    sum_to_shape,
+)
 from ..layouts import rel_shift
 from ..positions import relative_positions
 from ._tables import check_method, check_table, contract_rows
@@ -47,6 +55,7 @@ from .rope import rope_frequencies
 __all__ = [
     "DEFAULTS",
     "transformer_xl_attention",
+    "transformer_xl_attention_vjp",
     "transformer_xl_call",
     "transformer_xl_distance",
     "transformer_xl_embedding",
@@ -437,3 +446,109 @@ def transformer_xl_attention(
         q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
         position=position, return_weights=return_weights,
     )
+
+
+def _vector_gradient(per_row: Any, vector: Any) -> Any:
+    # The gradient of a (d,) or per-head (h, d) bias added to every row of (..., t, d).
+    xp = _xp.array_namespace(per_row)
+    if vector.ndim == 1:
+        return sum_to_shape(per_row, tuple(vector.shape))
+    per_head = sum_to_shape(per_row, (vector.shape[0], 1, vector.shape[1]))
+    return xp.reshape(per_head, tuple(vector.shape))
+
+
+@computes_in_float32
+def transformer_xl_attention_vjp(
+    q: Any,
+    k: Any,
+    v: Any,
+    w_r: Any,
+    content_bias: Any = None,
+    position_bias: Any = None,
+    /,
+    *,
+    d_output: Any,
+    clamp_len: int | None = None,
+    base: float = 10000.0,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool | None = None,
+    q_offset: int | None = None,
+) -> dict[str, Any]:
+    r"""Gradients of `transformer_xl_attention` for the output's cotangent `d_output` (a VJP).
+
+    With :math:`\bar{P} = s\,\bar{l}` laid out by distance and
+    :math:`p_r = W_R^\top R_{\text{clamp}(-r)}` one row per distance,
+
+    .. math::
+        \bar{q}_i \mathrel{+}= \sum_r \bar{P}^\text{rel}_{ir}\, p_r, \quad
+        \bar{v} = \sum_i \sum_r \bar{P}^\text{rel}_{ir}\, p_r, \quad
+        \bar{W}_R = \sum_r R_{\text{clamp}(-r)} \Bigl(\sum_i \bar{P}^\text{rel}_{ir}
+        (q_i + v)\Bigr)^\top,
+
+        \bar{k}_j \mathrel{+}= \Bigl(\sum_i \bar{P}_{ij}\Bigr) u, \qquad
+        \bar{u} = \sum_j \Bigl(\sum_i \bar{P}_{ij}\Bigr) k_j .
+
+    Parameters
+    ----------
+    q, k, v, w_r, content_bias, position_bias, clamp_len, base, scale, mask, causal, q_offset
+        As in `transformer_xl_attention`.
+    d_output : floating array, shape ``(..., t_q, d_v)``
+        :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
+
+    Returns
+    -------
+    dict
+        The gradient with respect to each of ``q``, ``k``, ``v``, ``w_r`` and, when given,
+        ``content_bias`` and ``position_bias``, of its shape and dtype.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.ones((2, 2))
+    >>> g = transformer_xl_attention_vjp(q, k, v, xp.zeros((4, 2)), d_output=xp.ones((2, 2)))
+    >>> g["w_r"].shape
+    (4, 2)
+    """
+    call = transformer_xl_call(
+        q, k, v, w_r, content_bias, position_bias, scale=scale, mask=mask, causal=causal,
+        q_offset=q_offset, clamp_len=clamp_len, method="efficient",
+    )
+    check_d_output(d_output, q, call, v.shape[-1])
+    position = transformer_xl_logits(
+        q, k, w_r, content_bias, position_bias, q_offset=call.q_offset, clamp_len=clamp_len,
+        base=base,
+    )
+    fwd = forward(q, k, call, mask=mask, position=position)
+    core = core_vjp(q, k, v, d_output, call, fwd)
+    xp, dev = call.xp, _xp.device(q)
+    d_position = core.d_logits * call.scale
+    axis = distance_axis(call.t_q, call.t_k, call.q_offset)
+    deltas = grid_distances(call.t_q, call.t_k, q_offset=call.q_offset, clamp_len=clamp_len,
+                            xp=xp, device=dev)
+    rows = transformer_xl_rows(deltas, w_r, base=base)  # (n, d) or (h, n, d)
+    query = q if position_bias is None else q + _per_head_vector(position_bias)
+    dq_rows, d_rows = query_rows_vjp(d_position, query, rows, axis, allowed=fwd.allowed)
+    embedding = transformer_xl_embedding(deltas, w_r.shape[-2], dtype=w_r.dtype, base=base)
+    d_rows = sum_to_shape(d_rows, (*w_r.shape[:-2], axis.n, w_r.shape[-1]))
+    grads = {
+        "q": sum_to_shape(core.dq + dq_rows, q.shape),
+        "k": None,
+        "v": sum_to_shape(core.dv, v.shape),
+        "w_r": xp.matmul(xp.matrix_transpose(embedding), d_rows),
+    }
+    dk = core.dk
+    if content_bias is not None:
+        allowed = fwd.allowed
+        if allowed is None:
+            allowed = xp.ones((call.t_q, call.t_k), dtype=xp.bool, device=dev)
+        per_key = xp.sum(d_position, axis=-2)[..., None]  # (..., t_k, 1)
+        seen = xp.any(allowed, axis=-2)[:, None]  # keys some query attends to
+        zero = xp.zeros((), dtype=k.dtype, device=dev)
+        dk = dk + per_key * _per_head_vector(content_bias)
+        grads["content_bias"] = _vector_gradient(per_key * xp.where(seen, k, zero),
+                                                 content_bias)
+    grads["k"] = sum_to_shape(dk, k.shape)
+    if position_bias is not None:
+        grads["position_bias"] = _vector_gradient(dq_rows, position_bias)
+    return grads

@@ -1,0 +1,480 @@
+r"""The backward pass: the steps every scheme's vector-Jacobian product is built from.
+
+For a scalar loss with gradient :math:`\bar{o} = \partial L / \partial\,\text{out}`
+(the output's cotangent, ``d_output``), attention's forward pass
+
+.. math::
+    l = s\,(q k^\top + P) + B, \qquad w = \operatorname{softmax}_\text{allowed}(l),
+    \qquad \text{out} = w\, v + \textstyle\sum_j w_{ij}\, a^V_{\text{idx}(r_{ij})}
+
+runs backwards as
+
+.. math::
+    \bar{v} = w^\top \bar{o}, \qquad
+    \bar{w}_{ij} = [\text{allowed}_{ij}]\;\bar{o}_i \cdot
+                   (v_j + a^V_{\text{idx}(r_{ij})}), \qquad
+    \bar{l}_{ij} = w_{ij}\,\bigl(\bar{w}_{ij} - \textstyle\sum_{j'} w_{ij'}\bar{w}_{ij'}\bigr),
+
+    \bar{B} = \bar{l}, \qquad \bar{P} = s\,\bar{l}, \qquad
+    \bar{q} = s\,\bar{l}\,k, \qquad \bar{k} = s\,\bar{l}^\top q .
+
+A relative term reads its table through a layout: row ``idx(r)`` for the pair
+at distance ``r``. Its transpose is a sum over distances: `by_distance` lays
+a ``(t_q, t_k)`` gradient out by distance (`relpos_ref.layouts.to_relative`,
+each entry once) and `rows_to_table` adds the distances that share a table
+row (a scatter-add, written as a product with the 0/1 matrix of the row map,
+since the array API has no scatter). So
+
+.. math::
+    \bar{q}_i \mathrel{+}= \sum_r \bar{P}^{\,\text{rel}}_{ir}\, a_{\text{idx}(r)}, \qquad
+    \bar{a}_c = \sum_{r:\ \text{idx}(r) = c}\ \sum_i \bar{P}^{\,\text{rel}}_{ir}\, q_i,
+
+with ``O(t_q (t_q + t_k))`` memory and no ``(t_q, t_k, d)`` tensor. Gradients
+of arrays that were broadcast are summed back to their shapes (`sum_to_shape`).
+
+The same rule as the forward pass holds for masked entries: a pair that is not
+allowed contributes nothing to any gradient, even when a value, a key or a
+table row it would read is NaN or infinite.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from . import _xp
+from ._validate import broadcast_shapes
+from .attention import allowed_keys, compose_logits, masked_softmax
+from .calls import Call, check_terms, computes_in_float32, resolve_call
+from .layouts import gather, to_relative
+
+__all__ = [
+    "CoreGradients",
+    "DistanceAxis",
+    "Forward",
+    "attention_vjp",
+    "backward_through_softmax",
+    "by_distance",
+    "check_d_output",
+    "content_vjp",
+    "core_vjp",
+    "distance_axis",
+    "dot_rows",
+    "forward",
+    "from_distance",
+    "key_rows_vjp",
+    "keys_by_distance",
+    "masked_product",
+    "query_rows_vjp",
+    "rows_to_table",
+    "scalar_rows_vjp",
+    "softmax_vjp",
+    "sum_to_shape",
+    "table_gradient",
+    "table_rows",
+    "value_rows_vjp",
+]
+
+
+def sum_to_shape(x: Any, shape: tuple[int, ...], /) -> Any:
+    """Sum `x` over the axes it was broadcast along from `shape` (the transpose of broadcasting).
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> sum_to_shape(xp.ones((2, 3, 4)), (3, 1))
+    Array([[8.],
+           [8.],
+           [8.]], dtype=array_api_strict.float64)
+    """
+    xp = _xp.array_namespace(x)
+    shape = tuple(shape)
+    lead = x.ndim - len(shape)
+    if lead < 0:
+        msg = f"cannot sum an array of shape {tuple(x.shape)} to the larger rank of {shape}"
+        raise ValueError(msg)
+    if lead:
+        x = xp.sum(x, axis=tuple(range(lead)))
+    ones = tuple(i for i, (n, m) in enumerate(zip(shape, x.shape, strict=True))
+                 if n == 1 and m != 1)
+    if ones:
+        x = xp.sum(x, axis=ones, keepdims=True)
+    if tuple(x.shape) != shape:
+        msg = f"an array of shape {tuple(x.shape)} does not broadcast from {shape}"
+        raise ValueError(msg)
+    return x
+
+
+def masked_product(a: Any, b: Any, /, *, used: Any = None) -> Any:
+    r"""``a @ b`` in which a pair ``(i, j)`` that is not `used` contributes nothing.
+
+    .. math:: \text{out}_i = \sum_{j:\ \text{used}_{ij}} a_{ij}\, b_j
+
+    A row ``b_j`` that is NaN or infinite is read only through used pairs:
+    each output row that uses such a ``b_j`` is NaN (as a gradient that
+    depends on a non-finite value is), every other row is exact. `a` is
+    zero where not used (a gradient of masked logits), so unused finite rows
+    contribute nothing either way.
+
+    Parameters
+    ----------
+    a : floating array, shape ``(..., t, n)``
+    b : floating array, shape ``(..., n, d)``
+    used : bool array broadcastable to ``(..., t, n)``, optional
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> a = xp.asarray([[1.0, 0.0], [1.0, 1.0]])
+    >>> b = xp.asarray([[2.0], [xp.nan]])
+    >>> masked_product(a, b, used=xp.asarray([[True, False], [True, True]]))
+    Array([[ 2.],
+           [nan]], dtype=array_api_strict.float64)
+    """
+    xp = _xp.array_namespace(a, b, used)
+    if used is None:
+        return xp.matmul(a, b)
+    dev = _xp.device(a)
+    zero = xp.zeros((), dtype=b.dtype, device=dev)
+    finite = xp.all(xp.isfinite(b), axis=-1)  # (..., n): a row read whole or not at all
+    out = xp.matmul(a, xp.where(finite[..., None], b, zero))
+    bad = xp.astype(xp.logical_not(finite), a.dtype)[..., None]
+    hits = xp.matmul(xp.astype(used, a.dtype), bad)  # used pairs with a non-finite row
+    nan = xp.asarray(xp.nan, dtype=out.dtype, device=dev)
+    return xp.where(hits > zero, nan, out)
+
+
+def dot_rows(a: Any, b: Any, /) -> Any:
+    r"""``a @ b^T``, NaN in each column whose row ``b_j`` is not finite (no ``inf - inf``).
+
+    .. math:: \text{out}_{ij} = a_i \cdot b_j
+
+    A column of a non-finite row is NaN whatever `a` holds; the caller masks
+    the pairs that are not used (a masked key's value, an unreachable table row).
+    """
+    xp = _xp.array_namespace(a, b)
+    dev = _xp.device(b)
+    finite = xp.all(xp.isfinite(b), axis=-1)  # (..., n)
+    zero = xp.zeros((), dtype=b.dtype, device=dev)
+    out = xp.matmul(a, xp.matrix_transpose(xp.where(finite[..., None], b, zero)))
+    nan = xp.asarray(xp.nan, dtype=out.dtype, device=dev)
+    return xp.where(finite[..., None, :], out, nan)
+
+
+class Forward(NamedTuple):
+    """What the backward pass keeps of the forward pass."""
+
+    weights: Any
+    allowed: Any
+
+
+def forward(q: Any, k: Any, call: Call, *, mask: Any = None, position: Any = None,
+            bias: Any = None) -> Forward:
+    """Recompute the attention weights of a call (and the allowed pairs)."""
+    xp = call.xp
+    allowed = allowed_keys(call.t_q, call.t_k, mask=mask, causal=call.causal,
+                           q_offset=call.q_offset, xp=xp, device=_xp.device(q))
+    content = xp.matmul(q, xp.matrix_transpose(k))
+    logits = compose_logits(content, scale=call.scale, position=position, bias=bias)
+    return Forward(masked_softmax(logits, allowed=allowed), allowed)
+
+
+def check_d_output(d_output: Any, q: Any, call: Call, d_v: int) -> None:
+    """A `TypeError` or `ValueError` naming ``d_output`` unless it fits the output."""
+    _xp.array_namespace(q, d_output)
+    _xp.check_floating(call.xp, "d_output", d_output)
+    _xp.check_same_dtype(q=q, d_output=d_output)
+    broadcast_shapes(d_output=tuple(d_output.shape), output=(*call.batch, call.t_q, d_v))
+
+
+def softmax_vjp(weights: Any, d_weights: Any, /) -> Any:
+    r"""Gradient of the logits from that of the softmax weights.
+
+    .. math:: \bar{l}_{ij} = w_{ij}\,\bigl(\bar{w}_{ij}
+              - \textstyle\sum_{j'} w_{ij'}\,\bar{w}_{ij'}\bigr)
+
+    Masked entries (``w = 0``) and empty rows get zero; `d_weights` must be
+    zero (not NaN) where the weights are masked.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> softmax_vjp(xp.asarray([[0.5, 0.5]]), xp.asarray([[1.0, 0.0]]))
+    Array([[ 0.25, -0.25]], dtype=array_api_strict.float64)
+    """
+    xp = _xp.array_namespace(weights, d_weights)
+    inner = xp.sum(weights * d_weights, axis=-1, keepdims=True)
+    return weights * (d_weights - inner)
+
+
+def backward_through_softmax(fwd: Forward, v: Any, d_output: Any, *,
+                             d_weights: Any = None) -> tuple[Any, Any]:
+    r"""``(d_logits, d_v)`` from the output's cotangent.
+
+    ``d_weights`` adds a relative-value term's share of :math:`\bar{w}`.
+    """
+    xp = _xp.array_namespace(fwd.weights, v, d_output)
+    weights = fwd.weights
+    dev = _xp.device(weights)
+    zero = xp.zeros((), dtype=weights.dtype, device=dev)
+    d_out = xp.broadcast_to(d_output, (*weights.shape[:-1], d_output.shape[-1]))
+    dv = xp.matmul(xp.matrix_transpose(weights), d_out)
+    dw = dot_rows(d_out, v)
+    if d_weights is not None:
+        dw = dw + d_weights
+    if fwd.allowed is not None:  # a masked key's value (NaN, say) reaches no gradient
+        dw = xp.where(fwd.allowed, dw, zero)
+    return softmax_vjp(weights, dw), dv
+
+
+def content_vjp(q: Any, k: Any, d_content: Any, /, *, allowed: Any = None) -> tuple[Any, Any]:
+    r"""``(dq, dk)`` of the content term ``q k^T`` given its gradient (already scaled).
+
+    .. math:: \bar{q} = \bar{C}\,k, \qquad \bar{k} = \bar{C}^\top q
+    """
+    xp = _xp.array_namespace(q, k, d_content)
+    t = None if allowed is None else xp.matrix_transpose(allowed)
+    dq = masked_product(d_content, k, used=allowed)
+    dk = masked_product(xp.matrix_transpose(d_content), q, used=t)
+    return dq, dk
+
+
+class DistanceAxis(NamedTuple):
+    """The distances ``r = low .. low + n - 1`` of a ``t_q x t_k`` grid, in order."""
+
+    low: int
+    n: int
+    t_q: int
+    t_k: int
+    q_offset: int
+
+
+def distance_axis(t_q: int, t_k: int, q_offset: int) -> DistanceAxis:
+    """Every distance ``r = j - (i + q_offset)`` of the grid, most distant past first.
+
+    Examples
+    --------
+    >>> distance_axis(2, 3, 1)
+    DistanceAxis(low=-2, n=4, t_q=2, t_k=3, q_offset=1)
+    """
+    n = t_q + t_k - 1 if t_q and t_k else 0
+    return DistanceAxis(-(t_q - 1) - q_offset, n, t_q, t_k, q_offset)
+
+
+def by_distance(x: Any, axis: DistanceAxis, /) -> Any:
+    r"""A ``(..., t_q, t_k)`` array laid out by distance: ``out[..., i, c] = x[..., i, j]``
+    with ``r_ij = low + c`` (zero where no key is at that distance).
+
+    The transpose of `from_distance`; each entry of `x` appears once.
+    """
+    return to_relative(x, axis.n, offset=-axis.low, q_offset=axis.q_offset)
+
+
+def from_distance(y: Any, axis: DistanceAxis, /) -> Any:
+    """The ``(..., t_q, n)`` per-distance columns `y` read back per pair: ``(..., t_q, t_k)``."""
+    return gather(y, axis.t_k, offset=-axis.low, q_offset=axis.q_offset)
+
+
+def table_rows(table: Any, index: Any, valid: Any = None, *, scalar: bool = False) -> Any:
+    """The rows ``table[index]`` (entries, for a `scalar` table), zero where not `valid`.
+
+    ``(n_rows, d)`` or ``(h, n_rows, d)`` with a 1-D ``index`` of length ``n``
+    gives ``(n, d)`` or ``(h, n, d)``; a scalar ``(n_rows,)`` or ``(h, n_rows)``
+    gives ``(n,)`` or ``(h, n)``.
+    """
+    xp = _xp.array_namespace(table, index, valid)
+    rows = xp.take(table, index, axis=table.ndim - (1 if scalar else 2))
+    if valid is None:
+        return rows
+    zero = xp.zeros((), dtype=table.dtype, device=_xp.device(table))
+    return xp.where(valid if scalar else valid[:, None], rows, zero)
+
+
+def rows_to_table(d_rows: Any, index: Any, valid: Any, n_rows: int, *, axis: int = -2) -> Any:
+    r"""Add per-distance gradients into the table rows they were read from (a scatter-add).
+
+    .. math:: \bar{a}_c = \sum_{r:\ \text{idx}(r) = c,\ \text{valid}(r)} \bar{a}^{\,\text{rel}}_r
+
+    Parameters
+    ----------
+    d_rows : floating array
+        One entry (or row) per distance along `axis`.
+    index, valid : arrays, shape ``(n,)``
+        The table row of each distance and whether it has one.
+    n_rows : int
+        Rows of the table.
+    axis : {-2, -1}
+        ``-2`` for tables of rows, ``-1`` for scalar tables.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> rows_to_table(xp.asarray([1.0, 2.0, 4.0]), xp.asarray([0, 1, 1]),
+    ...               xp.asarray([True, True, True]), 2, axis=-1)
+    Array([1., 6.], dtype=array_api_strict.float64)
+    """
+    xp = _xp.array_namespace(d_rows, index, valid)
+    dev = _xp.device(d_rows)
+    targets = xp.arange(n_rows, dtype=index.dtype, device=dev)
+    onehot = (index[:, None] == targets[None, :]) & valid[:, None]  # (n, n_rows)
+    onehot = xp.astype(onehot, d_rows.dtype)
+    if axis == -1:
+        return xp.matmul(d_rows, onehot)
+    return xp.matmul(xp.matrix_transpose(onehot), d_rows)
+
+
+def keys_by_distance(x: Any, axis: DistanceAxis, /) -> Any:
+    r"""`by_distance` from the keys' side: ``out[..., j, c] = x[..., i, j]`` with
+    ``r_ij = low + c``, shape ``(..., t_k, n)`` (DeBERTa's position-to-content term)."""
+    xp = _xp.array_namespace(x)
+    rel = to_relative(xp.matrix_transpose(x), axis.n, offset=axis.t_k - 1)
+    return xp.flip(rel, axis=-1)
+
+
+def _reached(allowed: Any, like: Any, axis: DistanceAxis, layout: Any) -> Any:
+    xp = _xp.array_namespace(like)
+    if allowed is None:
+        allowed = xp.ones((axis.t_q, axis.t_k), dtype=xp.bool, device=_xp.device(like))
+    zero = xp.zeros((), dtype=like.dtype, device=_xp.device(like))
+    return layout(xp.astype(allowed, like.dtype), axis) > zero
+
+
+def query_rows_vjp(d_position: Any, q: Any, rows: Any, axis: DistanceAxis, /, *,
+                   allowed: Any = None) -> tuple[Any, Any]:
+    r"""Transpose of :math:`P_{ij} = q_i \cdot \text{rows}_{r_{ij}}`: ``(dq, d_rows)``.
+
+    `rows` holds one row per distance of `axis`, ``(n, d)`` or ``(h, n, d)``;
+    ``d_rows`` is ``(..., n, d)`` over the call's batch.
+    """
+    xp = _xp.array_namespace(d_position, q, rows)
+    g = by_distance(d_position, axis)
+    reached = _reached(allowed, g, axis, by_distance)
+    dq = masked_product(g, rows, used=reached)
+    d_rows = masked_product(xp.matrix_transpose(g), q, used=xp.matrix_transpose(reached))
+    return dq, d_rows
+
+
+def key_rows_vjp(d_position: Any, k: Any, rows: Any, axis: DistanceAxis, /, *,
+                 allowed: Any = None) -> tuple[Any, Any]:
+    r"""Transpose of :math:`P_{ij} = k_j \cdot \text{rows}_{r_{ij}}`: ``(dk, d_rows)``."""
+    xp = _xp.array_namespace(d_position, k, rows)
+    g = keys_by_distance(d_position, axis)
+    reached = _reached(allowed, g, axis, keys_by_distance)
+    dk = masked_product(g, rows, used=reached)
+    d_rows = masked_product(xp.matrix_transpose(g), k, used=xp.matrix_transpose(reached))
+    return dk, d_rows
+
+
+def value_rows_vjp(fwd: Forward, d_output: Any, rows: Any, axis: DistanceAxis, /
+                   ) -> tuple[Any, Any]:
+    r"""Transpose of :math:`z_i = \sum_j w_{ij}\,\text{rows}_{r_{ij}}` (relative values).
+
+    Returns ``(d_weights, d_rows)``: :math:`\bar{w}_{ij} = \bar{o}_i \cdot
+    \text{rows}_{r_{ij}}` (masked pairs are zeroed later, with the rest of
+    :math:`\bar{w}`) and :math:`\bar{a}_r = \sum_i w^\text{rel}_{ir}\,\bar{o}_i`.
+    """
+    xp = _xp.array_namespace(fwd.weights, d_output, rows)
+    d_out = xp.broadcast_to(d_output, (*fwd.weights.shape[:-1], d_output.shape[-1]))
+    per_distance = dot_rows(d_out, rows)  # (..., t_q, n)
+    d_weights = from_distance(per_distance, axis)
+    w = by_distance(fwd.weights, axis)
+    return d_weights, xp.matmul(xp.matrix_transpose(w), d_out)
+
+
+def scalar_rows_vjp(d_bias: Any, axis: DistanceAxis, /) -> Any:
+    r"""Transpose of :math:`B_{ij} = b_{r_{ij}}`: ``(..., n)``,
+    :math:`\bar{b}_r = \sum_i \bar{B}^\text{rel}_{ir}`."""
+    xp = _xp.array_namespace(d_bias)
+    return xp.sum(by_distance(d_bias, axis), axis=-2)
+
+
+def table_gradient(d_rows: Any, table: Any, index: Any, valid: Any, /, *,
+                   scalar: bool = False) -> Any:
+    """Per-distance gradients summed over the batch to the table's heads, then into its rows."""
+    xp = _xp.array_namespace(d_rows, table)
+    n = index.shape[0]
+    if scalar:
+        per_head = sum_to_shape(d_rows, (*table.shape[:-1], n))
+        return rows_to_table(per_head, index, valid, table.shape[-1], axis=-1)
+    per_head = sum_to_shape(d_rows, (*table.shape[:-2], n, table.shape[-1]))
+    out = rows_to_table(per_head, index, valid, table.shape[-2])
+    return xp.astype(out, table.dtype)
+
+
+class CoreGradients(NamedTuple):
+    """The gradients every scheme shares: the logits', and q, k, v through ``q k^T`` and ``w v``."""
+
+    d_logits: Any
+    dq: Any
+    dk: Any
+    dv: Any
+
+
+def core_vjp(q: Any, k: Any, v: Any, d_output: Any, call: Call, fwd: Forward, *,
+             d_weights: Any = None) -> CoreGradients:
+    """`backward_through_softmax` then `content_vjp` with the call's scale."""
+    d_logits, dv = backward_through_softmax(fwd, v, d_output, d_weights=d_weights)
+    dq, dk = content_vjp(q, k, d_logits * call.scale, allowed=fwd.allowed)
+    return CoreGradients(d_logits, dq, dk, dv)
+
+
+@computes_in_float32
+def attention_vjp(
+    q: Any,
+    k: Any,
+    v: Any,
+    /,
+    *,
+    d_output: Any,
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool | None = None,
+    q_offset: int | None = None,
+    bias: Any = None,
+    position: Any = None,
+) -> dict[str, Any]:
+    r"""Gradients of `relpos_ref.attention` for the output's cotangent `d_output` (a VJP).
+
+    .. math::
+        \bar{v} = w^\top \bar{o},\quad
+        \bar{l} = w \odot (\bar{w} - \operatorname{rowsum}(w \odot \bar{w})),\quad
+        \bar{q} = s\,\bar{l}\,k,\quad \bar{k} = s\,\bar{l}^\top q,\quad
+        \bar{B} = \bar{l},\quad \bar{P} = s\,\bar{l}
+
+    with :math:`\bar{w} = \bar{o}\, v^\top` over the allowed pairs.
+
+    Parameters
+    ----------
+    q, k, v, scale, mask, causal, q_offset, bias, position
+        As in `relpos_ref.attention`.
+    d_output : floating array, shape ``(..., t_q, d_v)``
+        :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
+
+    Returns
+    -------
+    dict
+        ``"q"``, ``"k"``, ``"v"`` and, when given, ``"bias"`` and
+        ``"position"``: each the gradient of the loss with respect to that
+        argument, of its shape and dtype.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = xp.asarray([[1.0, 0.0], [0.0, 1.0]])
+    >>> v = xp.asarray([[1.0], [2.0]])
+    >>> grads = attention_vjp(q, k, v, d_output=xp.ones((2, 1)), scale=1.0, causal=True)
+    >>> grads["v"]
+    Array([[1.26894142],
+           [0.73105858]], dtype=array_api_strict.float64)
+    """
+    call = resolve_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset)
+    check_terms(q, call, bias=bias, position=position)
+    check_d_output(d_output, q, call, v.shape[-1])
+    fwd = forward(q, k, call, mask=mask, position=position, bias=bias)
+    core = core_vjp(q, k, v, d_output, call, fwd)
+    grads = {"q": sum_to_shape(core.dq, q.shape), "k": sum_to_shape(core.dk, k.shape),
+             "v": sum_to_shape(core.dv, v.shape)}
+    if bias is not None:
+        grads["bias"] = sum_to_shape(core.d_logits, bias.shape)
+    if position is not None:
+        grads["position"] = sum_to_shape(core.d_logits * call.scale, position.shape)
+    return grads

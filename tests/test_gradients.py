@@ -1,0 +1,389 @@
+"""The backward pass: every scheme's VJP against autodiff, finite differences and backends.
+
+``<scheme>_attention_vjp`` (the specification's backward pass, built from
+`relpos_ref.gradients`) is compared with
+
+- ``torch.autograd`` of the scheme's forward function, over hypothesis-drawn
+  shapes, masks, offsets, causality, policies and shared or per-head tables,
+  and ``jax.vjp`` on a masked, per-head case per scheme (float64);
+- central finite differences of the forward function along random directions
+  (independent of any autodiff);
+- itself on every available backend.
+
+Masked keys and unreachable table rows holding NaN never reach a gradient;
+``d_output`` is validated like every other argument; 16-bit inputs give
+16-bit gradients computed in float32.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import relpos_ref as rp
+from relpos_ref import catalog
+from relpos_ref.golden.cases import Case
+
+SCHEMES = catalog.names()
+GRID = {"grid2d", "swin"}
+
+#: Per scheme, the parameters drawn beyond the common ones (valid ranges only).
+EXTRA = {
+    "absolute": {},
+    "shaw": {"K": st.integers(0, 4), "beyond": st.sampled_from(["clip", "zero"]),
+             "values": st.booleans()},
+    "bias": {"K": st.integers(0, 4), "beyond": st.sampled_from(["clip", "zero"])},
+    "music": {"M": st.integers(1, 8), "beyond": st.sampled_from(["clip", "zero"]),
+              "values": st.booleans()},
+    "general": {"t_max": st.just(9), "order": st.sampled_from(["past_to_future",
+                                                                "future_to_past"])},
+    "grid2d": {"height": st.integers(1, 3), "width": st.integers(1, 3)},
+    "t5": {"buckets": st.sampled_from([8, 16]), "bidirectional": st.booleans(),
+           "max_distance": st.sampled_from([12, 20])},
+    "alibi": {"symmetric": st.booleans()},
+    "swin": {"height": st.integers(1, 3), "width": st.integers(1, 3)},
+    "rope": {"rotary_dim": st.sampled_from([None, 2]),
+             "layout": st.sampled_from(["half", "interleaved"])},
+    "transformer_xl": {"d_model": st.sampled_from([2, 6]),
+                       "clamp_len": st.sampled_from([None, 0, 2]), "biases": st.booleans()},
+    "deberta": {"span": st.integers(1, 4), "max_position": st.sampled_from([None, 9]),
+                "c2p": st.booleans(), "p2c": st.booleans()},
+}
+
+
+@st.composite
+def cases(draw: Any, scheme: str) -> Case:
+    extra = {name: draw(s) for name, s in EXTRA[scheme].items()}
+    if scheme in GRID:
+        t_q = t_k = extra["height"] * extra["width"]
+        timing = {"causal": draw(st.sampled_from([None, False]))} if scheme == "swin" else {
+            "causal": draw(st.sampled_from([None, True, False]))}
+    else:
+        t_q, t_k = draw(st.integers(1, 6)), draw(st.integers(1, 7))
+        timing = {"causal": draw(st.sampled_from([None, True, False])),
+                  "q_offset": draw(st.sampled_from([None, -1, 0, 2]))}
+    if scheme == "deberta" and not (extra["c2p"] or extra["p2c"]):
+        extra["c2p"] = True
+    try:
+        case = Case.make(
+            scheme, "gradient", dtype="float64", seed=draw(st.integers(0, 2**16)),
+            b=draw(st.sampled_from([1, 2])), h=draw(st.sampled_from([1, 3])), t_q=t_q,
+            t_k=t_k, d=draw(st.sampled_from([2, 4])), masked=draw(st.booleans()),
+            per_head=draw(st.booleans()), **timing, **extra,
+        )
+    except ValueError:
+        assume(False)
+    return case
+
+
+def _call(case: Case) -> tuple[list[str], list[np.ndarray], dict[str, Any], np.ndarray | None]:
+    """Names and arrays of the differentiable arguments, the keywords, the mask."""
+    entry = case.entry
+    p = case.parameters
+    arrays = case.inputs()
+    forward = getattr(rp, f"{entry.name}_attention")
+    accepts = inspect.signature(forward).parameters
+    kwargs = {"scale": p["scale"], **entry.options_from(p)}
+    kwargs.update({n: p[n] for n in ("causal", "q_offset") if n in accepts})
+    names = ["q", "k", "v"] + [t.name for t in entry.tables if t.name in arrays]
+    values = [arrays[n] for n in names]
+    if entry.name == "alibi":  # learned slopes: differentiate them too
+        names.append("slopes")
+        values.append(np.asarray(rp.alibi_slopes(p["h"]), dtype=np.float64))
+    return names, values, kwargs, arrays.get("mask")
+
+
+def _split(case: Case, names: list[str], values: list[Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Positional arguments (q, k, v, tables with None in gaps) and keyword arrays."""
+    by_name = dict(zip(names, values, strict=True))
+    tables = [by_name.get(t.name) for t in case.entry.tables]
+    while tables and tables[-1] is None:
+        tables.pop()
+    keywords = {"slopes": by_name["slopes"]} if "slopes" in by_name else {}
+    return [by_name["q"], by_name["k"], by_name["v"], *tables], keywords
+
+
+def vjp_of(case: Case, d_output: Any, names: list[str], values: list[Any], kwargs: dict,
+           mask: Any) -> dict[str, Any]:
+    positional, keywords = _split(case, names, values)
+    return case.entry.vjp(*positional, d_output=d_output, mask=mask, **kwargs, **keywords)
+
+
+def forward_of(case: Case, names: list[str], values: list[Any], kwargs: dict, mask: Any) -> Any:
+    positional, keywords = _split(case, names, values)
+    function = getattr(rp, f"{case.entry.name}_attention")
+    return function(*positional, mask=mask, **kwargs, **keywords)
+
+
+def _valid_forward(case: Case) -> tuple[list[str], list[np.ndarray], dict, Any, np.ndarray]:
+    names, values, kwargs, mask = _call(case)
+    try:
+        out = forward_of(case, names, values, kwargs, mask)
+    except ValueError:  # a grid the scheme refuses (a distance beyond the table, say)
+        assume(False)
+    return names, values, kwargs, mask, out
+
+
+def _d_output(case: Case, out: np.ndarray) -> np.ndarray:
+    return np.random.default_rng(case.seed + 1).standard_normal(out.shape)
+
+
+def _close(got: dict[str, Any], want: dict[str, Any], rtol: float = 1e-9) -> None:
+    assert sorted(got) == sorted(want)
+    for name, w in want.items():
+        g = np.asarray(got[name])
+        assert g.shape == np.shape(w), name
+        scale = max(1.0, float(np.max(np.abs(w), initial=0.0)))
+        np.testing.assert_allclose(g, w, rtol=0, atol=rtol * scale, err_msg=name)
+
+
+# -- against autodiff ------------------------------------------------------------------------
+
+
+def _jax() -> Any:
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)  # as the backend fixture does: float64 goldens
+    return jax
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_vjp_equals_jax_autodiff(scheme):
+    # One masked, per-head, offset case per scheme: JAX runs op by op here, seconds a case
+    # (torch autograd below takes the hypothesis-drawn ones).
+    jax = _jax()
+    jnp = jax.numpy
+    case = _small(scheme)
+    names, values, kwargs, mask = _call(case)
+    out = forward_of(case, names, values, kwargs, mask)
+    d_output = _d_output(case, out)
+    got = vjp_of(case, d_output, names, values, kwargs, mask)
+    jmask = None if mask is None else jnp.asarray(mask)
+    _, pullback = jax.vjp(lambda *xs: forward_of(case, names, list(xs), kwargs, jmask),
+                          *[jnp.asarray(a) for a in values])
+    want = dict(zip(names, (np.asarray(g) for g in pullback(jnp.asarray(d_output))),
+                    strict=True))
+    _close(got, want)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@given(data=st.data())
+def test_vjp_equals_torch_autograd(scheme, data):
+    torch = pytest.importorskip("torch")
+    case = data.draw(cases(scheme))
+    names, values, kwargs, mask, out = _valid_forward(case)
+    d_output = _d_output(case, out)
+    got = vjp_of(case, d_output, names, values, kwargs, mask)
+    tensors = [torch.from_numpy(a.copy()).requires_grad_(True) for a in values]
+    tmask = None if mask is None else torch.from_numpy(mask)
+    forward_of(case, names, tensors, kwargs, tmask).backward(torch.from_numpy(d_output))
+    _close(got, {n: t.grad.numpy() for n, t in zip(names, tensors, strict=True)})
+
+
+def test_plain_attention_vjp_equals_jax_autodiff():
+    jax = _jax()
+    jnp = jax.numpy
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 3, t, 4)) for t in (5, 6, 6))
+    bias, position = rng.standard_normal((3, 5, 6)), rng.standard_normal((5, 6))
+    mask = rng.random((5, 6)) < 0.6
+    d_output = rng.standard_normal((2, 3, 5, 4))
+    kw = {"causal": True, "q_offset": 1, "scale": 0.7}
+    got = rp.attention_vjp(q, k, v, d_output=d_output, mask=mask, bias=bias, position=position,
+                           **kw)
+    _, pullback = jax.vjp(lambda *x: rp.attention(*x[:3], bias=x[3], position=x[4],
+                                                  mask=jnp.asarray(mask), **kw),
+                          *(jnp.asarray(a) for a in (q, k, v, bias, position)))
+    want = pullback(jnp.asarray(d_output))
+    _close(got, dict(zip(["q", "k", "v", "bias", "position"], map(np.asarray, want),
+                         strict=True)))
+
+
+# -- against finite differences (no autodiff) ------------------------------------------------
+
+SMALL = {"absolute": {}, "shaw": {"K": 2}, "bias": {"K": 2}, "music": {"M": 3, "values": True},
+         "general": {"t_max": 6}, "grid2d": {"height": 2, "width": 3},
+         "t5": {"buckets": 8, "max_distance": 12}, "alibi": {},
+         "swin": {"height": 2, "width": 3}, "rope": {"rotary_dim": 2},
+         "transformer_xl": {"d_model": 4, "clamp_len": 2}, "deberta": {"span": 3}}
+
+
+def _small(scheme: str, **changes: Any) -> Case:
+    t = 6 if scheme in GRID else None
+    params = {"b": 1, "h": 2, "t_q": t or 4, "t_k": t or 5, "d": 4, "masked": True,
+              "per_head": True, **({} if t else {"q_offset": 1}), **SMALL[scheme], **changes}
+    return Case.make(scheme, "gradient", dtype="float64", seed=7, **params)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_vjp_matches_finite_differences(scheme):
+    case = _small(scheme)
+    names, values, kwargs, mask = _call(case)
+    out = forward_of(case, names, values, kwargs, mask)
+    rng = np.random.default_rng(11)
+    d_output = rng.standard_normal(out.shape)
+    grads = vjp_of(case, d_output, names, values, kwargs, mask)
+    for _ in range(3):
+        direction = [rng.standard_normal(a.shape) for a in values]
+        eps = 1e-6
+        plus = forward_of(case, names, [a + eps * u for a, u in zip(values, direction,
+                                                                     strict=True)],
+                          kwargs, mask)
+        minus = forward_of(case, names, [a - eps * u for a, u in zip(values, direction,
+                                                                      strict=True)],
+                           kwargs, mask)
+        numeric = np.sum(d_output * (plus - minus)) / (2 * eps)
+        analytic = sum(np.sum(grads[n] * u) for n, u in zip(names, direction, strict=True))
+        assert analytic == pytest.approx(numeric, rel=1e-6, abs=1e-8)
+
+
+# -- every backend ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", [*SCHEMES, "plain"])
+def test_vjp_runs_on_every_backend(backend, scheme):
+    if scheme == "plain":
+        rng = np.random.default_rng(5)
+        arrays = [rng.standard_normal((2, t, 4)) for t in (3, 5, 5)]
+        d_output = rng.standard_normal((2, 3, 4))
+        mask = rng.random((3, 5)) < 0.7
+        want = rp.attention_vjp(*arrays, d_output=d_output, mask=mask, causal=True)
+        got = rp.attention_vjp(*(backend.asarray(a) for a in arrays),
+                               d_output=backend.asarray(d_output), mask=backend.asarray(mask),
+                               causal=True)
+    else:
+        case = _small(scheme)
+        names, values, kwargs, mask = _call(case)
+        out = forward_of(case, names, values, kwargs, mask)
+        d_output = np.random.default_rng(2).standard_normal(out.shape)
+        want = vjp_of(case, d_output, names, values, kwargs, mask)
+        got = vjp_of(case, backend.asarray(d_output), names,
+                     [backend.asarray(a) for a in values], kwargs,
+                     None if mask is None else backend.asarray(mask))
+    assert sorted(got) == sorted(want)
+    for name, g in got.items():
+        assert g.dtype == backend.asarray(np.zeros(1)).dtype, name
+    _close({n: backend.to_numpy(g) for n, g in got.items()}, want, rtol=1e-12)
+
+
+# -- masked and unreachable values never reach a gradient ------------------------------------
+
+
+def test_nan_in_masked_keys_never_reaches_a_gradient():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, t, 3)) for t in (4, 5, 5))
+    mask = np.ones((4, 5), dtype=bool)
+    mask[:, 1] = False  # key 1 is masked for every query
+    mask[2] = False  # query 2 attends to nothing
+    k, v, q = k.copy(), v.copy(), q.copy()
+    k[:, 1], v[:, 1], q[:, 2] = np.nan, np.inf, np.nan
+    d_output = rng.standard_normal((2, 4, 3))
+    table = rng.standard_normal((2, 5, 3))  # K = 2
+    for grads in (rp.attention_vjp(q, k, v, d_output=d_output, mask=mask),
+                  rp.shaw_attention_vjp(q, k, v, table, table, d_output=d_output, mask=mask)):
+        for name, g in grads.items():
+            finite = np.isfinite(g)
+            if name == "k":
+                assert finite[:, [0, 2, 3, 4]].all() and (g[:, 1] == 0).all()
+            elif name == "v":
+                assert finite.all() and (g[:, 1] == 0).all()
+            elif name == "q":
+                assert finite[:, [0, 1, 3]].all() and (g[:, 2] == 0).all()
+            else:
+                assert finite.all(), name
+
+
+def test_nan_in_unreachable_table_rows_never_reaches_a_gradient():
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((1, 2, t, 3)) for t in (3, 3, 3))
+    key_table = rng.standard_normal((9, 3))  # K = 4, but |r| <= 2 on a 3 x 3 grid
+    value_table = key_table.copy()
+    key_table[0] = value_table[8] = np.nan
+    d_output = rng.standard_normal((1, 2, 3, 3))
+    grads = rp.shaw_attention_vjp(q, k, v, key_table, value_table, d_output=d_output)
+    assert all(np.isfinite(g).all() for g in grads.values())
+    assert (grads["key_table"][[0, 1, 7, 8]] == 0).all()
+    forward = rp.shaw_attention(q, k, v, key_table, value_table)
+    assert np.isfinite(forward).all()
+
+
+def test_a_nan_a_query_reads_makes_its_gradient_nan():
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((3, 2)) for _ in range(3))
+    table = rng.standard_normal((3, 2))
+    table[2] = np.nan  # r = +1: read by queries 0 and 1
+    g = rp.shaw_attention_vjp(q, k, v, table, d_output=np.ones((3, 2)))
+    assert np.isnan(g["q"][:2]).all() and np.isfinite(g["q"][2]).all()
+
+
+# -- arguments -------------------------------------------------------------------------------
+
+
+def _qkv(dtype=np.float64):
+    rng = np.random.default_rng(4)
+    return [rng.standard_normal((2, 3, 4)).astype(dtype) for _ in range(3)]
+
+
+@pytest.mark.parametrize(("d_output", "error", "message"), [
+    (np.ones((2, 4, 4)), ValueError, r"shapes do not broadcast: `d_output` \(2, 4, 4\)"),
+    (np.ones((2, 3, 5)), ValueError, r"`d_output` \(2, 3, 5\), `output` \(2, 3, 4\)"),
+    (np.ones((2, 3, 4), dtype=np.float32), TypeError, r"`d_output` is float32"),
+    (np.ones((2, 3, 4), dtype=np.int64), TypeError, "`d_output` must have a real floating"),
+    ([[1.0]], TypeError, "expected an array, got an object of type 'list'"),
+])
+def test_d_output_is_checked(d_output, error, message):
+    q, k, v = _qkv()
+    with pytest.raises(error, match=message):
+        rp.attention_vjp(q, k, v, d_output=d_output)
+    with pytest.raises(error, match=message):
+        rp.shaw_attention_vjp(q, k, v, np.zeros((3, 4)), d_output=d_output)
+
+
+def test_d_output_must_be_given():
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="d_output"):
+        rp.bias_attention_vjp(q, k, v, np.zeros(3))  # type: ignore[call-arg]
+
+
+def test_arguments_are_checked_as_in_the_forward_pass():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="`beyond` must be one of"):
+        rp.shaw_attention_vjp(q, k, v, np.zeros((3, 4)), d_output=q, beyond="wrap")
+    with pytest.raises(ValueError, match=r"`table` must have 2K \+ 1 entries"):
+        rp.bias_attention_vjp(q, k, v, np.zeros(4), d_output=q)  # an even table
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_vjp_is_named_by_the_catalog_and_exported(scheme):
+    entry = catalog.get(scheme)
+    module = importlib.import_module(f"relpos_ref.schemes.{scheme}")
+    assert entry.vjp is getattr(module, f"{scheme}_attention_vjp")
+    assert getattr(rp, f"{scheme}_attention_vjp") is entry.vjp
+    forward = inspect.signature(entry.attention).parameters
+    backward = inspect.signature(entry.vjp).parameters
+    assert set(backward) == (set(forward) - {"method", "return_weights"}) | {"d_output"}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_gradients_keep_the_dtype(dtype):
+    q, k, v = _qkv(dtype)
+    table = np.zeros((5, 4), dtype=dtype)
+    grads = rp.shaw_attention_vjp(q, k, v, table, table, d_output=q, causal=True)
+    assert {g.dtype for g in grads.values()} == {np.dtype(dtype)}
+    want = rp.shaw_attention_vjp(*(a.astype(np.float64) for a in (q, k, v, table, table)),
+                                 d_output=q.astype(np.float64), causal=True)
+    tol = 1e-5 if dtype == np.float32 else 1e-2
+    for name, g in grads.items():
+        np.testing.assert_allclose(g.astype(np.float64), want[name], atol=tol, rtol=tol)
+
+
+def test_big_float16_inputs_do_not_overflow():
+    q = k = v = np.full((3, 4), 255.0, dtype=np.float16)  # q . k overflows float16
+    grads = rp.attention_vjp(q, k, v, d_output=np.ones((3, 4), dtype=np.float16))
+    assert all(np.isfinite(g).all() for g in grads.values())
+    np.testing.assert_array_equal(grads["v"], np.full((3, 4), 1.0, dtype=np.float16))
