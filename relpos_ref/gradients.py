@@ -178,12 +178,41 @@ def forward(q: Any, k: Any, call: Call, *, mask: Any = None, position: Any = Non
     return Forward(masked_softmax(logits, allowed=allowed), allowed)
 
 
-def check_d_output(d_output: Any, q: Any, call: Call, d_v: int) -> None:
-    """A `TypeError` or `ValueError` naming ``d_output`` unless it fits the output."""
+def check_d_output(d_output: Any, q: Any, call: Call, d_v: int, *, mask: Any = None) -> None:
+    """A `TypeError` or `ValueError` naming ``d_output`` unless it fits the output.
+
+    ``d_output`` is a floating array of `q`'s library and dtype that
+    broadcasts to the output's shape, ``(*batch, t_q, d_v)`` with the batch of
+    ``q``, ``k``, ``v`` and the mask, without widening it.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.zeros((2, 3))
+    >>> call = resolve_call(q, k, v, scale=None, mask=None, causal=None, q_offset=None)
+    >>> check_d_output(xp.zeros((4, 2, 3)), q, call, 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: `d_output` must broadcast to the output's shape (2, 3), got shape (4, 2, 3)
+    """
+    if d_output is None:
+        msg = "`d_output` must be an array, the gradient of the loss with respect to the output"
+        raise TypeError(msg)
     _xp.array_namespace(q, d_output)
     _xp.check_floating(call.xp, "d_output", d_output)
     _xp.check_same_dtype(q=q, d_output=d_output)
-    broadcast_shapes(d_output=tuple(d_output.shape), output=(*call.batch, call.t_q, d_v))
+    batch = tuple(call.batch)
+    if mask is not None and mask.ndim > 2:
+        batch = broadcast_shapes(batch=batch, mask=tuple(mask.shape[:-2]))
+    output = (*batch, call.t_q, d_v)
+    shape = tuple(d_output.shape)
+    try:
+        fits = broadcast_shapes(d_output=shape, output=output) == output
+    except ValueError:
+        fits = False
+    if not fits:
+        msg = f"`d_output` must broadcast to the output's shape {output}, got shape {shape}"
+        raise ValueError(msg)
 
 
 def softmax_vjp(weights: Any, d_weights: Any, /) -> Any:
@@ -213,10 +242,13 @@ def backward_through_softmax(fwd: Forward, v: Any, d_output: Any, *,
     ``d_weights`` adds a relative-value term's share of :math:`\bar{w}`.
     """
     xp = _xp.array_namespace(fwd.weights, v, d_output)
-    weights = fwd.weights
+    # the output's batch: the weights' (q, k, mask) and v's
+    batch = broadcast_shapes(weights=tuple(fwd.weights.shape[:-2]), v=tuple(v.shape[:-2]),
+                             d_output=tuple(d_output.shape[:-2]))
+    weights = xp.broadcast_to(fwd.weights, (*batch, *fwd.weights.shape[-2:]))
     dev = _xp.device(weights)
     zero = xp.zeros((), dtype=weights.dtype, device=dev)
-    d_out = xp.broadcast_to(d_output, (*weights.shape[:-1], d_output.shape[-1]))
+    d_out = xp.broadcast_to(d_output, (*batch, weights.shape[-2], v.shape[-1]))
     dv = xp.matmul(xp.matrix_transpose(weights), d_out)
     dw = dot_rows(d_out, v)
     if d_weights is not None:
@@ -373,7 +405,9 @@ def value_rows_vjp(fwd: Forward, d_output: Any, rows: Any, axis: DistanceAxis, /
     :math:`\bar{w}`) and :math:`\bar{a}_r = \sum_i w^\text{rel}_{ir}\,\bar{o}_i`.
     """
     xp = _xp.array_namespace(fwd.weights, d_output, rows)
-    d_out = xp.broadcast_to(d_output, (*fwd.weights.shape[:-1], d_output.shape[-1]))
+    batch = broadcast_shapes(weights=tuple(fwd.weights.shape[:-2]),
+                             d_output=tuple(d_output.shape[:-2]))
+    d_out = xp.broadcast_to(d_output, (*batch, fwd.weights.shape[-2], rows.shape[-1]))
     per_distance = dot_rows(d_out, rows)  # (..., t_q, n)
     d_weights = from_distance(per_distance, axis)
     w = by_distance(fwd.weights, axis)
@@ -468,7 +502,7 @@ def attention_vjp(
     """
     call = resolve_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset)
     check_terms(q, call, bias=bias, position=position)
-    check_d_output(d_output, q, call, v.shape[-1])
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     fwd = forward(q, k, call, mask=mask, position=position, bias=bias)
     core = core_vjp(q, k, v, d_output, call, fwd)
     grads = {"q": sum_to_shape(core.dq, q.shape), "k": sum_to_shape(core.dk, k.shape),

@@ -329,19 +329,92 @@ def _qkv(dtype=np.float64):
     return [rng.standard_normal((2, 3, 4)).astype(dtype) for _ in range(3)]
 
 
+_SHAPE = r"`d_output` must broadcast to the output's shape \(2, 3, 4\), got shape "
+
+
 @pytest.mark.parametrize(("d_output", "error", "message"), [
-    (np.ones((2, 4, 4)), ValueError, r"shapes do not broadcast: `d_output` \(2, 4, 4\)"),
-    (np.ones((2, 3, 5)), ValueError, r"`d_output` \(2, 3, 5\), `output` \(2, 3, 4\)"),
+    (np.ones((2, 4, 4)), ValueError, _SHAPE + r"\(2, 4, 4\)"),
+    (np.ones((2, 3, 5)), ValueError, _SHAPE + r"\(2, 3, 5\)"),
+    (np.ones((7, 2, 3, 4)), ValueError, _SHAPE + r"\(7, 2, 3, 4\)"),  # would widen the batch
+    (np.asarray(1.0), None, None),  # broadcasts: fine
+    (np.ones((3, 4)), None, None),
+    (np.ones((2, 1, 1)), None, None),
     (np.ones((2, 3, 4), dtype=np.float32), TypeError, r"`d_output` is float32"),
     (np.ones((2, 3, 4), dtype=np.int64), TypeError, "`d_output` must have a real floating"),
     ([[1.0]], TypeError, "expected an array, got an object of type 'list'"),
+    (None, TypeError, "`d_output` must be an array"),
 ])
 def test_d_output_is_checked(d_output, error, message):
     q, k, v = _qkv()
+    if error is None:
+        want = rp.attention_vjp(q, k, v, d_output=np.broadcast_to(d_output, (2, 3, 4)))
+        _close(rp.attention_vjp(q, k, v, d_output=d_output), want)
+        return
     with pytest.raises(error, match=message):
         rp.attention_vjp(q, k, v, d_output=d_output)
     with pytest.raises(error, match=message):
         rp.shaw_attention_vjp(q, k, v, np.zeros((3, 4)), d_output=d_output)
+
+
+def test_d_output_may_carry_the_batch_a_mask_adds():
+    q, k, v = _qkv()  # batch (2,); a (5, 2, 3, 3) mask makes the output (5, 2, 3, 4)
+    mask = np.random.default_rng(0).random((5, 2, 3, 3)) < 0.7
+    grads = rp.attention_vjp(q, k, v, d_output=np.ones((5, 2, 3, 4)), mask=mask)
+    assert grads["q"].shape == q.shape
+    with pytest.raises(ValueError, match=r"output's shape \(5, 2, 3, 4\), got shape "
+                                         r"\(6, 2, 3, 4\)"):
+        rp.attention_vjp(q, k, v, d_output=np.ones((6, 2, 3, 4)), mask=mask)
+
+
+def _torch_grads(function, arrays, d_output, **kwargs):
+    torch = pytest.importorskip("torch")
+    tensors = [torch.from_numpy(a.copy()).requires_grad_(True) for a in arrays]
+    kwargs = {n: torch.from_numpy(m) if isinstance(m, np.ndarray) else m
+              for n, m in kwargs.items()}
+    function(*tensors, **kwargs).backward(torch.from_numpy(d_output))
+    return [t.grad.numpy() for t in tensors]
+
+
+def test_values_with_a_larger_batch_than_queries_and_keys():
+    rng = np.random.default_rng(8)
+    q, k, v = rng.standard_normal((3, 4, 4)), rng.standard_normal((3, 5, 4)), \
+        rng.standard_normal((2, 3, 5, 3))
+    d_output = rng.standard_normal((2, 3, 4, 3))
+    table = rng.standard_normal((5, 4))  # K = 2
+    want = _torch_grads(rp.shaw_attention, [q, k, v, table], d_output)
+    got = rp.shaw_attention_vjp(q, k, v, table, d_output=d_output)
+    _close(got, dict(zip(["q", "k", "v", "key_table"], want, strict=True)))
+    want = _torch_grads(rp.attention, [q, k, v], d_output)
+    _close(rp.attention_vjp(q, k, v, d_output=d_output), dict(zip("qkv", want, strict=True)))
+
+
+@pytest.mark.parametrize("mask_shape", [(3, 4, 6), (2, 3, 4, 6)])
+def test_transformer_xl_biases_with_a_batched_mask(mask_shape):
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((3, t, 4)) for t in (4, 6, 6))
+    w_r, u, pos = rng.standard_normal((6, 4)), rng.standard_normal(4), rng.standard_normal(4)
+    mask = rng.random(mask_shape) < 0.6
+    mask[..., 1] = False
+    d_output = rng.standard_normal((*mask_shape[:-2], 4, 4))
+    want = _torch_grads(rp.transformer_xl_attention, [q, k, v, w_r, u, pos], d_output,
+                        mask=mask)
+    got = rp.transformer_xl_attention_vjp(q, k, v, w_r, u, pos, d_output=d_output, mask=mask)
+    _close(got, dict(zip(["q", "k", "v", "w_r", "content_bias", "position_bias"], want,
+                         strict=True)))
+
+
+@pytest.mark.parametrize("scheme", [*SCHEMES])
+def test_empty_grids_have_zero_gradients(scheme):
+    if scheme in GRID:
+        pytest.skip(f"{scheme} attends within a fixed grid: its token count is never zero")
+    case = _small(scheme, masked=False)
+    names, values, kwargs, mask = _call(case)
+    values[0] = values[0][..., :0, :]  # no query
+    out = forward_of(case, names, values, kwargs, mask)
+    assert out.shape[-2] == 0
+    grads = vjp_of(case, np.zeros(out.shape), names, values, kwargs, mask)
+    for name, a in zip(names, values, strict=True):
+        assert grads[name].shape == a.shape and not np.any(grads[name]), name
 
 
 def test_d_output_must_be_given():

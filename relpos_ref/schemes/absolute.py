@@ -223,7 +223,7 @@ def absolute_attention_vjp(
     call = absolute_call(
         q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset
     )
-    check_d_output(d_output, q, call, v.shape[-1])
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     rows = table[..., : call.t_k, :]
     fwd = forward(q, k, call, mask=mask, position=absolute_logits(q, table, call.t_k))
     core = core_vjp(q, k, v, d_output, call, fwd)

@@ -273,7 +273,7 @@ def alibi_attention_vjp(
         q, k, v, slopes=slopes, symmetric=symmetric, scale=scale, mask=mask, causal=causal,
         q_offset=q_offset,
     )
-    check_d_output(d_output, q, call, v.shape[-1])
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     bias = alibi_bias(used, call.t_q, call.t_k, q_offset=call.q_offset, symmetric=symmetric)
     fwd = forward(q, k, call, mask=mask, bias=bias)
     core = core_vjp(q, k, v, d_output, call, fwd)

@@ -221,7 +221,7 @@ def bias_attention_vjp(
     call = bias_call(
         q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, beyond=beyond
     )
-    check_d_output(d_output, q, call, v.shape[-1])
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     bias = bias_logits(table, call.t_q, call.t_k, q_offset=call.q_offset, beyond=beyond)
     fwd = forward(q, k, call, mask=mask, bias=bias)
     core = core_vjp(q, k, v, d_output, call, fwd)

@@ -549,7 +549,7 @@ def deberta_attention_vjp(
         q, k, v, key_table, query_table, max_position=max_position, scale=scale, mask=mask,
         causal=causal, q_offset=q_offset, method="efficient",
     )
-    check_d_output(d_output, q, call, v.shape[-1])
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     position = deberta_logits(
         q, k, key_table, query_table, max_position=max_position, q_offset=call.q_offset
     )

@@ -317,7 +317,7 @@ def grid2d_attention_vjp(
         q, k, v, row_table, col_table, height=height, width=width, scale=scale, mask=mask,
         causal=causal, method="efficient",
     )
-    check_d_output(d_output, q, call, v.shape[-1])
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     position = grid2d_logits(q, row_table, col_table, height=height, width=width)
     fwd = forward(q, k, call, mask=mask, position=position)
     core = core_vjp(q, k, v, d_output, call, fwd)

@@ -432,7 +432,7 @@ def music_attention_vjp(
         q, k, v, table, value_table, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
         beyond=beyond, method="efficient",
     )
-    check_d_output(d_output, q, call, v.shape[-1])
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     position = music_logits(q, table, call.t_k, q_offset=call.q_offset, beyond=beyond)
     fwd = forward(q, k, call, mask=mask, position=position)
     axis = distance_axis(call.t_q, call.t_k, call.q_offset)

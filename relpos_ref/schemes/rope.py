@@ -295,7 +295,7 @@ def rope_attention_vjp(
         q, k, v, base=base, rotary_dim=rotary_dim, layout=layout, scale=scale, mask=mask,
         causal=causal, q_offset=q_offset,
     )
-    check_d_output(d_output, q, call, v.shape[-1])
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     opts = {"base": base, "rotary_dim": rotary_dim, "layout": layout}
     q_rot = rope_rotate(q, offset=call.q_offset, **opts)
     k_rot = rope_rotate(k, offset=0, **opts)

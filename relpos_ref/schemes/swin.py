@@ -258,7 +258,7 @@ def swin_attention_vjp(
         q, k, v, table, window_height=window_height, window_width=window_width, scale=scale,
         mask=mask,
     )
-    check_d_output(d_output, q, call, v.shape[-1])
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     bias = swin_bias(table, window_height, window_width)
     fwd = forward(q, k, call, mask=mask, bias=bias)
     core = core_vjp(q, k, v, d_output, call, fwd)

@@ -366,7 +366,7 @@ def t5_attention_vjp(
         q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
         bidirectional=bidirectional, max_distance=max_distance,
     )
-    check_d_output(d_output, q, call, v.shape[-1])
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     bias = t5_bias(
         table, call.t_q, call.t_k, q_offset=call.q_offset, bidirectional=bidirectional,
         max_distance=max_distance,

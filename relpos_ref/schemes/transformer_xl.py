@@ -514,7 +514,11 @@ def transformer_xl_attention_vjp(
         q, k, v, w_r, content_bias, position_bias, scale=scale, mask=mask, causal=causal,
         q_offset=q_offset, clamp_len=clamp_len, method="efficient",
     )
-    check_d_output(d_output, q, call, v.shape[-1])
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
+    if call.t_q == 0 or call.t_k == 0:  # no pair: every gradient is zero
+        arrays = {"q": q, "k": k, "v": v, "w_r": w_r, "content_bias": content_bias,
+                  "position_bias": position_bias}
+        return {name: call.xp.zeros_like(a) for name, a in arrays.items() if a is not None}
     position = transformer_xl_logits(
         q, k, w_r, content_bias, position_bias, q_offset=call.q_offset, clamp_len=clamp_len,
         base=base,
@@ -543,7 +547,7 @@ def transformer_xl_attention_vjp(
         if allowed is None:
             allowed = xp.ones((call.t_q, call.t_k), dtype=xp.bool, device=dev)
         per_key = xp.sum(d_position, axis=-2)[..., None]  # (..., t_k, 1)
-        seen = xp.any(allowed, axis=-2)[:, None]  # keys some query attends to
+        seen = xp.any(allowed, axis=-2)[..., None]  # keys some query attends to
         zero = xp.zeros((), dtype=k.dtype, device=dev)
         dk = dk + per_key * _per_head_vector(content_bias)
         grads["content_bias"] = _vector_gradient(per_key * xp.where(seen, k, zero),
