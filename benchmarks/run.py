@@ -122,12 +122,19 @@ def _inputs(backend, dtype, heads, t, d, seed=0, device=None):
 def scheme_cases(arr, heads: int, t: int, d: int, k_max: int) -> dict[str, Callable]:
     """label -> call(q, k, v, method) for plain attention and every scheme of the catalog.
 
+    Each call has ``call.backward(q, k, v, d_output)``: the scheme's VJP on the same
+    arguments (`relpos_ref.catalog.Scheme.vjp`).
+
     Each scheme at its catalog benchmark sizes for length `t` (`Scheme.benchmark`;
     ``K`` is `k_max`), its optional tables as golden cases include them, scalar
     tables per head, the others shared unless the catalog says ``per_head``, and
     the scheme's own defaults (music and Transformer-XL are causal).
     """
-    cases = {"plain": lambda q, k, v, m: rp.attention(q, k, v)}
+    def plain(q, k, v, m):
+        return rp.attention(q, k, v)
+
+    plain.backward = lambda q, k, v, d_output: rp.attention_vjp(q, k, v, d_output=d_output)
+    cases = {"plain": plain}
     for entry in catalog.SCHEMES.values():
         if entry.name == "plain":
             continue
@@ -155,6 +162,10 @@ def scheme_cases(arr, heads: int, t: int, d: int, k_max: int) -> dict[str, Calla
                  methods=entry.methods):
             return function(q, k, v, *tables, **options, **({"method": m} if methods else {}))
 
+        def backward(q, k, v, d_output, vjp=entry.vjp, tables=tables, options=options):
+            return vjp(q, k, v, *tables, d_output=d_output, **options)
+
+        call.backward = backward  # the scheme's specified backward pass, same arguments
         cases[label] = call
     return cases
 
@@ -242,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="sequence length for relpos_ref.blocked (0 skips)")
     parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--no-backward", dest="backward", action="store_false",
+                        help="skip the backward passes (issue 16: VJP <= 2.5x the forward)")
     args = parser.parse_args(argv)
     backend = backends.get(args.backend)
     reason = backend.unavailable_reason()
@@ -257,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     arr, (q, k, v) = _inputs(backend, args.dtype, h, t, d, device=device)
     cases = scheme_cases(arr, h, t, d, args.k_max)
-    results: dict[str, Any] = {"schemes": [], "methods": [], "peer": None, "blocked": []}
+    results: dict[str, Any] = {"schemes": [], "methods": [], "peer": None, "blocked": [],
+                               "backward": []}
     def plain_call():
         return cases["plain"](q, k, v, "efficient")
 
@@ -274,6 +288,24 @@ def main(argv: list[str] | None = None) -> int:
         results["schemes"].append(row)
         mib = "n/a" if peak is None else f"{peak / 2**20:.0f}"
         print(f"{name:<28} {seconds * 1e3:9.1f} {ratio:8.2f}x {mib:>9}")
+
+    if args.backward:
+        d_output = arr(1, h, t, d)
+        print(f"\nbackward pass (the specified VJP) against the forward pass of the same scheme"
+              f", t = {t}")
+        print(f"{'scheme':<28} {'VJP ms':>9} {'forward ms':>10} {'VJP/fwd':>8} {'peak MiB':>9}")
+        for name, call in cases.items():
+            seconds, forward, ratio = _timed_against(
+                backend, lambda call=call: call.backward(q, k, v, d_output),
+                lambda call=call: call(q, k, v, "efficient"), args.repeat)
+            peak = _peak_bytes(backend, lambda call=call: call.backward(q, k, v, d_output),
+                               device)
+            results["backward"].append({"scheme": name, "seconds": seconds,
+                                        "forward_seconds": forward,
+                                        "ratio_to_forward": ratio, "peak_bytes": peak})
+            mib = "n/a" if peak is None else f"{peak / 2**20:.0f}"
+            print(f"{name:<28} {seconds * 1e3:9.1f} {forward * 1e3:10.1f} {ratio:7.2f}x "
+                  f"{mib:>9}")
 
     if backend.name == "torch":
         bias_table = arr(h, 2 * args.k_max + 1)
@@ -351,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     if results["peer"] is not None:
         p = results["peer"]["ratio_to_our_shaw"]
         targets.append(("peer BERT einsum >= 2x our shaw", p, p >= 2.0))
+    targets += [(f"{row['scheme'].split()[0]} backward <= 2.5x its forward",
+                 row["ratio_to_forward"], row["ratio_to_forward"] <= 2.5)
+                for row in results["backward"]]
     for row in results["blocked"]:
         if row["peak_bytes"] is not None:
             gib = row["peak_bytes"] / 2**30
@@ -358,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             targets.append((f"blocked {label} t={row['t']} peak < 2 GiB", gib, gib < 2))
     standard = (backend.name, args.dtype, h, t, d, args.k_max) == ("numpy", "float32", 8, 1024,
                                                                     64, 16)
-    print("\ntargets (issues 7 and 14)" + ("" if standard else
+    print("\ntargets (issues 7, 14 and 16)" + ("" if standard else
           ": set for NumPy float32, 8 heads, t = 1024, d = 64, K = 16; this run differs, "
           "so they are for reference only"))
     for text, value, met in targets:

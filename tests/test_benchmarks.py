@@ -20,7 +20,8 @@ def test_benchmark_suite_runs_and_writes_its_json(tmp_path, capsys):
                        "--out", str(tmp_path)])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "targets (issues 7 and 14)" in printed and "vs plain" in printed
+    assert "targets (issues 7, 14 and 16)" in printed and "vs plain" in printed
+    assert "backward pass (the specified VJP)" in printed
     (path,) = tmp_path.glob("*-numpy-float32.json")
     report = json.loads(path.read_text())
     schemes = {row["scheme"].split()[0] for row in report["schemes"]}
@@ -30,6 +31,8 @@ def test_benchmark_suite_runs_and_writes_its_json(tmp_path, capsys):
                for row in report["methods"])
     assert report["machine"]["backend"] == "numpy" and report["versions"]["numpy"]
     assert {t["target"].split()[0] for t in report["targets"]} >= {"general", "shaw", "blocked"}
+    assert {row["scheme"].split()[0] for row in report["backward"]} == schemes
+    assert all(row["seconds"] > 0 and row["ratio_to_forward"] > 0 for row in report["backward"])
     assert "sdpa" not in report  # torch only
 
 
