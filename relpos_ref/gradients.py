@@ -45,7 +45,7 @@ from . import _xp
 from ._validate import broadcast_shapes
 from .attention import allowed_keys, compose_logits, masked_softmax
 from .calls import Call, check_terms, computes_in_float32, resolve_call
-from .layouts import gather, to_relative
+from .layouts import to_relative
 
 __all__ = [
     "CoreGradients",
@@ -60,7 +60,6 @@ __all__ = [
     "distance_axis",
     "dot_rows",
     "forward",
-    "from_distance",
     "key_rows_vjp",
     "keys_by_distance",
     "masked_product",
@@ -71,7 +70,6 @@ __all__ = [
     "sum_to_shape",
     "table_gradient",
     "table_rows",
-    "value_rows_vjp",
 ]
 
 
@@ -296,14 +294,10 @@ def by_distance(x: Any, axis: DistanceAxis, /) -> Any:
     r"""A ``(..., t_q, t_k)`` array laid out by distance: ``out[..., i, c] = x[..., i, j]``
     with ``r_ij = low + c`` (zero where no key is at that distance).
 
-    The transpose of `from_distance`; each entry of `x` appears once.
+    Each entry of `x` appears once: the transpose of reading per-distance
+    columns back per pair (`relpos_ref.layouts.gather`).
     """
     return to_relative(x, axis.n, offset=-axis.low, q_offset=axis.q_offset)
-
-
-def from_distance(y: Any, axis: DistanceAxis, /) -> Any:
-    """The ``(..., t_q, n)`` per-distance columns `y` read back per pair: ``(..., t_q, t_k)``."""
-    return gather(y, axis.t_k, offset=-axis.low, q_offset=axis.q_offset)
 
 
 def table_rows(table: Any, index: Any, valid: Any = None, *, scalar: bool = False) -> Any:
@@ -394,24 +388,6 @@ def key_rows_vjp(d_position: Any, k: Any, rows: Any, axis: DistanceAxis, /, *,
     dk = masked_product(g, rows, used=reached)
     d_rows = masked_product(xp.matrix_transpose(g), k, used=xp.matrix_transpose(reached))
     return dk, d_rows
-
-
-def value_rows_vjp(fwd: Forward, d_output: Any, rows: Any, axis: DistanceAxis, /
-                   ) -> tuple[Any, Any]:
-    r"""Transpose of :math:`z_i = \sum_j w_{ij}\,\text{rows}_{r_{ij}}` (relative values).
-
-    Returns ``(d_weights, d_rows)``: :math:`\bar{w}_{ij} = \bar{o}_i \cdot
-    \text{rows}_{r_{ij}}` (masked pairs are zeroed later, with the rest of
-    :math:`\bar{w}`) and :math:`\bar{a}_r = \sum_i w^\text{rel}_{ir}\,\bar{o}_i`.
-    """
-    xp = _xp.array_namespace(fwd.weights, d_output, rows)
-    batch = broadcast_shapes(weights=tuple(fwd.weights.shape[:-2]),
-                             d_output=tuple(d_output.shape[:-2]))
-    d_out = xp.broadcast_to(d_output, (*batch, fwd.weights.shape[-2], rows.shape[-1]))
-    per_distance = dot_rows(d_out, rows)  # (..., t_q, n)
-    d_weights = from_distance(per_distance, axis)
-    w = by_distance(fwd.weights, axis)
-    return d_weights, xp.matmul(xp.matrix_transpose(w), d_out)
 
 
 def scalar_rows_vjp(d_bias: Any, axis: DistanceAxis, /) -> Any:

@@ -12,12 +12,16 @@ from typing import Any
 from .. import _xp
 from .._validate import broadcast_shapes
 from ..attention import weighted_sum
-from ..layouts import to_relative
+from ..gradients import dot_rows, masked_product, sum_to_shape
+from ..layouts import _take_per_row, to_relative
 from ..positions import relative_positions
 
 __all__ = [
     "METHODS",
+    "binned_rows_vjp",
+    "binned_scalars_vjp",
     "binned_values",
+    "binned_values_vjp",
     "check_method",
     "check_table",
     "check_value_table",
@@ -273,3 +277,70 @@ def gather_valid_rows(table: Any, index: Any, valid: Any) -> Any:
     xp = _xp.array_namespace(table, index, valid)
     zero = xp.zeros((), dtype=table.dtype, device=_xp.device(table))
     return xp.where(valid[..., None], gather_rows(table, index), zero)
+
+
+def binned_rows_vjp(
+    g: Any, x: Any, table: Any, /, *, low: int, high: int, q_offset: int, clip: bool,
+    clip_future: bool = True, allowed: Any = None,
+) -> tuple[Any, Any]:
+    r"""Transpose of :math:`P_{ij} = x_i \cdot a_{\text{row}(r_{ij})}` by distance bins.
+
+    With :math:`G^\text{bin} = ` `distance_bins` of the gradient `g` (one
+    column per table row, the clipped ends collecting every distance beyond),
+
+    .. math:: \bar{x} = G^\text{bin} a, \qquad \bar{a} = \sum_\text{batch} G^{\text{bin}\top} x
+
+    Returns ``(dx, d_table)``, ``d_table`` of the table's shape. Memory
+    ``O(t_q (t_k + n))``, no per-distance layout. Rows no allowed pair
+    reaches contribute nothing, even when NaN.
+    """
+    xp = _xp.array_namespace(g, x, table)
+    opts = {"low": low, "high": high, "q_offset": q_offset, "clip": clip,
+            "clip_future": clip_future}
+    bins = distance_bins(g, **opts)
+    t_q, t_k = g.shape[-2:]
+    if allowed is None:
+        allowed = xp.ones((t_q, t_k), dtype=xp.bool, device=_xp.device(g))
+    zero = xp.zeros((), dtype=g.dtype, device=_xp.device(g))
+    reached = distance_bins(xp.astype(allowed, g.dtype), **opts) > zero
+    dx = masked_product(bins, table, used=reached)
+    d_rows = masked_product(xp.matrix_transpose(bins), x, used=xp.matrix_transpose(reached))
+    return dx, sum_to_shape(d_rows, tuple(table.shape))
+
+
+def binned_scalars_vjp(
+    g: Any, table: Any, /, *, low: int, high: int, q_offset: int, clip: bool,
+) -> Any:
+    r"""Transpose of :math:`B_{ij} = b_{\text{row}(r_{ij})}`: the gradient summed by table entry.
+
+    .. math:: \bar{b}_c = \sum_\text{batch} \sum_i G^\text{bin}_{ic}
+    """
+    xp = _xp.array_namespace(g, table)
+    bins = distance_bins(g, low=low, high=high, q_offset=q_offset, clip=clip)
+    return sum_to_shape(xp.sum(bins, axis=-2), tuple(table.shape))
+
+
+def binned_values_vjp(
+    weights: Any, d_output: Any, table: Any, index: Any, valid: Any, /, *, low: int,
+    high: int, q_offset: int, clip: bool, clip_future: bool = True,
+) -> tuple[Any, Any]:
+    r"""Transpose of :math:`z_i = \sum_j w_{ij}\, a_{\text{row}(r_{ij})}` by distance bins.
+
+    .. math:: \bar{w}_{ij} = \bar{o}_i \cdot a_{\text{row}(r_{ij})}, \qquad
+              \bar{a} = \sum_\text{batch} W^{\text{bin}\top} \bar{o}
+
+    `index` and `valid` are the ``(t_q, t_k)`` table rows of the pairs.
+    Returns ``(d_weights, d_table)``; masked pairs of ``d_weights`` are
+    zeroed by the caller (with the rest of :math:`\bar{w}`).
+    """
+    xp = _xp.array_namespace(weights, d_output, table)
+    batch = broadcast_shapes(weights=tuple(weights.shape[:-2]),
+                             d_output=tuple(d_output.shape[:-2]))
+    d_out = xp.broadcast_to(d_output, (*batch, weights.shape[-2], table.shape[-1]))
+    per_row = dot_rows(d_out, table)  # (..., t_q, n): o_i . a_c
+    zero = xp.zeros((), dtype=weights.dtype, device=_xp.device(weights))
+    d_weights = xp.where(valid, _take_per_row(per_row, index), zero)
+    bins = distance_bins(weights, low=low, high=high, q_offset=q_offset, clip=clip,
+                         clip_future=clip_future)
+    d_rows = xp.matmul(xp.matrix_transpose(bins), d_out)
+    return d_weights, sum_to_shape(d_rows, tuple(table.shape))

@@ -14,17 +14,9 @@ from .. import _xp
 from .._validate import check_choice, nonnegative_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
-from ..gradients import (
-    check_d_output,
-    core_vjp,
-    distance_axis,
-    forward,
-    scalar_rows_vjp,
-    sum_to_shape,
-    table_gradient,
-)
+from ..gradients import check_d_output, core_vjp, forward, sum_to_shape
 from ..positions import BEYOND_POLICIES
-from ._tables import check_table, gather_scalars
+from ._tables import binned_scalars_vjp, check_table, gather_scalars
 from .shaw import shaw_index
 
 __all__ = [
@@ -225,14 +217,12 @@ def bias_attention_vjp(
     bias = bias_logits(table, call.t_q, call.t_k, q_offset=call.q_offset, beyond=beyond)
     fwd = forward(q, k, call, mask=mask, bias=bias)
     core = core_vjp(q, k, v, d_output, call, fwd)
-    axis = distance_axis(call.t_q, call.t_k, call.q_offset)
-    index, valid = shaw_index(1, axis.n, max_distance=(table.shape[-1] - 1) // 2,
-                              q_offset=-axis.low, beyond=beyond, xp=call.xp,
-                              device=_xp.device(q))
+    n = (table.shape[-1] - 1) // 2
+    d_table = binned_scalars_vjp(core.d_logits, table, low=-n, high=n, q_offset=call.q_offset,
+                                 clip=beyond != "zero")
     return {
         "q": sum_to_shape(core.dq, q.shape),
         "k": sum_to_shape(core.dk, k.shape),
         "v": sum_to_shape(core.dv, v.shape),
-        "table": table_gradient(scalar_rows_vjp(core.d_logits, axis), table, index[0, :],
-                                valid[0, :], scalar=True),
+        "table": d_table,
     }

@@ -20,17 +20,7 @@ from .. import _xp
 from .._validate import as_int, check_bool, check_choice, nonnegative_int
 from ..attention import allowed_keys, attention
 from ..calls import Call, Defaults, computes_in_float32, resolve_call
-from ..gradients import (
-    check_d_output,
-    core_vjp,
-    distance_axis,
-    forward,
-    query_rows_vjp,
-    sum_to_shape,
-    table_gradient,
-    table_rows,
-    value_rows_vjp,
-)
+from ..gradients import check_d_output, core_vjp, forward, sum_to_shape
 from ..layouts import pad_flatten_reshape, rel_shift
 from ..positions import (
     _ERROR_POLICY_HINT,
@@ -42,7 +32,9 @@ from ..positions import (
     relative_positions,
 )
 from ._tables import (
+    binned_rows_vjp,
     binned_values,
+    binned_values_vjp,
     check_method,
     check_table,
     check_value_table,
@@ -435,23 +427,24 @@ def music_attention_vjp(
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     position = music_logits(q, table, call.t_k, q_offset=call.q_offset, beyond=beyond)
     fwd = forward(q, k, call, mask=mask, position=position)
-    axis = distance_axis(call.t_q, call.t_k, call.q_offset)
-    index, valid = music_index(1, axis.n, length=_length(table), q_offset=-axis.low,
-                               beyond=beyond, xp=call.xp, device=_xp.device(q))
-    index, valid = index[0, :], valid[0, :]
+    m = _length(table)
+    policy = "zero" if beyond == "zero" else "clip"  # "error" checked: every r has a row
+    bins = {"low": -(m - 1), "high": 0, "q_offset": call.q_offset, "clip": policy == "clip",
+            "clip_future": False}
     grads: dict[str, Any] = {}
     d_weights = None
     if value_table is not None:
-        d_weights, d_rows = value_rows_vjp(fwd, d_output, table_rows(value_table, index, valid),
-                                           axis)
-        grads["value_table"] = table_gradient(d_rows, value_table, index, valid)
+        index, valid = music_index(call.t_q, call.t_k, length=m, q_offset=call.q_offset,
+                                   beyond=policy, xp=call.xp, device=_xp.device(q))
+        d_weights, grads["value_table"] = binned_values_vjp(fwd.weights, d_output, value_table,
+                                                            index, valid, **bins)
     core = core_vjp(q, k, v, d_output, call, fwd, d_weights=d_weights)
-    dq_table, d_rows = query_rows_vjp(core.d_logits * call.scale, q,
-                                      table_rows(table, index, valid), axis, allowed=fwd.allowed)
+    dq_table, d_table = binned_rows_vjp(core.d_logits * call.scale, q, table, **bins,
+                                        allowed=fwd.allowed)
     return {
         "q": sum_to_shape(core.dq + dq_table, q.shape),
         "k": sum_to_shape(core.dk, k.shape),
         "v": sum_to_shape(core.dv, v.shape),
-        "table": table_gradient(d_rows, table, index, valid),
+        "table": d_table,
         **grads,
     }

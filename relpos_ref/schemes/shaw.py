@@ -21,17 +21,7 @@ from .. import _xp
 from .._validate import check_bool, check_choice, nonnegative_int
 from ..attention import allowed_keys, attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
-from ..gradients import (
-    check_d_output,
-    core_vjp,
-    distance_axis,
-    forward,
-    query_rows_vjp,
-    sum_to_shape,
-    table_gradient,
-    table_rows,
-    value_rows_vjp,
-)
+from ..gradients import check_d_output, core_vjp, forward, sum_to_shape
 from ..layouts import _take_per_row
 from ..positions import (
     BEYOND_POLICIES,
@@ -41,7 +31,9 @@ from ..positions import (
     table_index,
 )
 from ._tables import (
+    binned_rows_vjp,
     binned_values,
+    binned_values_vjp,
     check_method,
     check_table,
     check_value_table,
@@ -376,13 +368,6 @@ def shaw_attention(
     return (out, weights) if check_bool("return_weights", return_weights) else out
 
 
-def _distance_rows(axis: Any, k: int, beyond: str, xp: Any, device: Any) -> TableIndex:
-    # the table row of each distance low .. low + n - 1 (a one-query grid at -low)
-    index, valid = shaw_index(1, axis.n, max_distance=k, q_offset=-axis.low, beyond=beyond,
-                              xp=xp, device=device)
-    return TableIndex(index[0, :], valid[0, :])
-
-
 @computes_in_float32
 def shaw_attention_vjp(
     q: Any,
@@ -447,23 +432,23 @@ def shaw_attention_vjp(
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     position = shaw_logits(q, key_table, call.t_k, q_offset=call.q_offset, beyond=beyond)
     fwd = forward(q, k, call, mask=mask, position=position)
-    axis = distance_axis(call.t_q, call.t_k, call.q_offset)
-    index, valid = _distance_rows(axis, _max_distance("key_table", key_table),
-                                  beyond, call.xp, _xp.device(q))
+    n = _max_distance("key_table", key_table)
+    policy = "zero" if beyond == "zero" else "clip"  # "error" checked: every r has a row
+    bins = {"low": -n, "high": n, "q_offset": call.q_offset, "clip": policy == "clip"}
     grads: dict[str, Any] = {}
     d_weights = None
     if value_table is not None:
-        d_weights, d_rows = value_rows_vjp(fwd, d_output, table_rows(value_table, index, valid),
-                                           axis)
-        grads["value_table"] = table_gradient(d_rows, value_table, index, valid)
+        index, valid = shaw_index(call.t_q, call.t_k, max_distance=n, q_offset=call.q_offset,
+                                  beyond=policy, xp=call.xp, device=_xp.device(q))
+        d_weights, grads["value_table"] = binned_values_vjp(fwd.weights, d_output, value_table,
+                                                            index, valid, **bins)
     core = core_vjp(q, k, v, d_output, call, fwd, d_weights=d_weights)
-    dq_table, d_rows = query_rows_vjp(core.d_logits * call.scale, q,
-                                      table_rows(key_table, index, valid), axis,
-                                      allowed=fwd.allowed)
+    dq_table, d_key_table = binned_rows_vjp(core.d_logits * call.scale, q, key_table, **bins,
+                                            allowed=fwd.allowed)
     return {
         "q": sum_to_shape(core.dq + dq_table, q.shape),
         "k": sum_to_shape(core.dk, k.shape),
         "v": sum_to_shape(core.dv, v.shape),
-        "key_table": table_gradient(d_rows, key_table, index, valid),
+        "key_table": d_key_table,
         **grads,
     }
