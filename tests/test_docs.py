@@ -286,3 +286,15 @@ def test_the_docs_examples_cover_the_catalog():
 
     assert set(worked.EXAMPLES) == set(worked.SCHEMES) == set(catalog.names())
     assert set(worked.EXTRAS) <= set(catalog.names())
+
+
+def test_license_and_changelog_match_the_package():
+    import tomllib
+
+    root = DOCS.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
+    assert (root / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")
+    changelog = (root / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert f"## {project['version']} " in changelog
+    assert (root / "relpos_ref" / "py.typed").is_file()

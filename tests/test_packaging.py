@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 def _copy_sources(dest: Path) -> Path:
     src = dest / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, src / name)
     for folder in ("relpos_ref", "backends"):
         shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
@@ -50,6 +50,15 @@ def test_wheel_maps_backends_under_the_package(wheel: Path):
         p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "relpos_ref").rglob("__init__.py")
     }
     assert on_disk <= packages, f"subpackages missing from the wheel: {on_disk - packages}"
+
+
+def test_wheel_carries_the_license_and_the_typing_marker(wheel: Path):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "relpos_ref/py.typed" in names  # PEP 561: the type hints are part of the API
+    licenses = [n for n in names if n.endswith("/LICENSE") and ".dist-info/" in n]
+    assert licenses, names
+    text = zipfile.ZipFile(wheel).read(licenses[0]).decode()
+    assert text.startswith("MIT License")
 
 
 def test_wheel_imports_in_a_clean_environment(wheel: Path, tmp_path: Path):
