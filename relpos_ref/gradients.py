@@ -59,6 +59,7 @@ __all__ = [
     "core_vjp",
     "distance_axis",
     "dot_rows",
+    "every_pair_unless",
     "forward",
     "key_rows_vjp",
     "keys_by_distance",
@@ -356,10 +357,23 @@ def keys_by_distance(x: Any, axis: DistanceAxis, /) -> Any:
     return xp.flip(rel, axis=-1)
 
 
+def every_pair_unless(allowed: Any, t_q: int, t_k: int, *, xp: Any, device: Any = None) -> Any:
+    """`allowed`, or (``None``: nothing masked) a ``(t_q, t_k)`` array of ``True``.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> every_pair_unless(None, 1, 2, xp=xp)
+    Array([[ True,  True]], dtype=array_api_strict.bool)
+    """
+    if allowed is not None:
+        return allowed
+    return xp.ones((t_q, t_k), dtype=xp.bool, device=device)
+
+
 def _reached(allowed: Any, like: Any, axis: DistanceAxis, layout: Any) -> Any:
     xp = _xp.array_namespace(like)
-    if allowed is None:
-        allowed = xp.ones((axis.t_q, axis.t_k), dtype=xp.bool, device=_xp.device(like))
+    allowed = every_pair_unless(allowed, axis.t_q, axis.t_k, xp=xp, device=_xp.device(like))
     zero = xp.zeros((), dtype=like.dtype, device=_xp.device(like))
     return layout(xp.astype(allowed, like.dtype), axis) > zero
 

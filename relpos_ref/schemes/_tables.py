@@ -7,17 +7,27 @@ A table holds one row per distance: ``(n, d)`` shared by every head, or
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .. import _xp
 from .._validate import broadcast_shapes
 from ..attention import weighted_sum
-from ..gradients import dot_rows, masked_product, sum_to_shape
+from ..calls import Call
+from ..gradients import (
+    Forward,
+    core_vjp,
+    dot_rows,
+    every_pair_unless,
+    masked_product,
+    sum_to_shape,
+)
 from ..layouts import _take_per_row, to_relative
 from ..positions import relative_positions
 
 __all__ = [
     "METHODS",
+    "binned_keys_values_vjp",
     "binned_rows_vjp",
     "binned_scalars_vjp",
     "binned_values",
@@ -192,8 +202,7 @@ def binned_values(
     """
     xp = _xp.array_namespace(weights, table, allowed)
     t_q, t_k = weights.shape[-2:]
-    if allowed is None:
-        allowed = xp.ones((t_q, t_k), dtype=xp.bool, device=_xp.device(weights))
+    allowed = every_pair_unless(allowed, t_q, t_k, xp=xp, device=_xp.device(weights))
     opts = {"low": low, "high": high, "q_offset": q_offset, "clip": clip,
             "clip_future": clip_future}
     bins = distance_bins(weights, **opts)
@@ -299,8 +308,7 @@ def binned_rows_vjp(
             "clip_future": clip_future}
     bins = distance_bins(g, **opts)
     t_q, t_k = g.shape[-2:]
-    if allowed is None:
-        allowed = xp.ones((t_q, t_k), dtype=xp.bool, device=_xp.device(g))
+    allowed = every_pair_unless(allowed, t_q, t_k, xp=xp, device=_xp.device(g))
     zero = xp.zeros((), dtype=g.dtype, device=_xp.device(g))
     reached = distance_bins(xp.astype(allowed, g.dtype), **opts) > zero
     dx = masked_product(bins, table, used=reached)
@@ -344,3 +352,35 @@ def binned_values_vjp(
                          clip_future=clip_future)
     d_rows = xp.matmul(xp.matrix_transpose(bins), d_out)
     return d_weights, sum_to_shape(d_rows, tuple(table.shape))
+
+
+def binned_keys_values_vjp(
+    q: Any, k: Any, v: Any, d_output: Any, call: Call, fwd: Forward, key_table: Any,
+    value_table: Any, value_rows: Callable[[], tuple[Any, Any]], /, *, names: tuple[str, str],
+    **bins: Any,
+) -> dict[str, Any]:
+    r"""The backward pass of relative keys and values read through clipped distance bins.
+
+    Shaw et al.'s and the Music Transformer's VJP once the forward weights
+    `fwd` are known: the value table's share of :math:`\bar{w}`
+    (`binned_values_vjp`, rows of the pairs from ``value_rows()``), the
+    softmax and content terms (`relpos_ref.gradients.core_vjp`), then the key
+    table's transpose (`binned_rows_vjp`) with :math:`\bar{P} = s\,\bar{l}`.
+    `names` are the two tables' argument names; `bins` the `distance_bins` options.
+    """
+    grads: dict[str, Any] = {}
+    d_weights = None
+    if value_table is not None:
+        index, valid = value_rows()
+        d_weights, grads[names[1]] = binned_values_vjp(fwd.weights, d_output, value_table,
+                                                       index, valid, **bins)
+    core = core_vjp(q, k, v, d_output, call, fwd, d_weights=d_weights)
+    dq_table, d_key_table = binned_rows_vjp(core.d_logits * call.scale, q, key_table, **bins,
+                                            allowed=fwd.allowed)
+    return {
+        "q": sum_to_shape(core.dq + dq_table, tuple(q.shape)),
+        "k": sum_to_shape(core.dk, tuple(k.shape)),
+        "v": sum_to_shape(core.dv, tuple(v.shape)),
+        names[0]: d_key_table,
+        **grads,
+    }

@@ -22,6 +22,7 @@ from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 from ..gradients import (
     check_d_output,
     core_vjp,
+    every_pair_unless,
     forward,
     masked_product,
     sum_to_shape,
@@ -324,9 +325,7 @@ def grid2d_attention_vjp(
     xp, dev = call.xp, _xp.device(q)
     d_position = core.d_logits * call.scale
     rows, cols = grid_positions(height, width, xp=xp, device=dev)
-    allowed = fwd.allowed
-    if allowed is None:
-        allowed = xp.ones((call.t_q, call.t_k), dtype=xp.bool, device=dev)
+    allowed = every_pair_unless(fwd.allowed, call.t_q, call.t_k, xp=xp, device=dev)
     reach = xp.astype(allowed, d_position.dtype)
     grads = {}
     dq = core.dq

@@ -20,7 +20,7 @@ from .. import _xp
 from .._validate import as_int, check_bool, check_choice, nonnegative_int
 from ..attention import allowed_keys, attention
 from ..calls import Call, Defaults, computes_in_float32, resolve_call
-from ..gradients import check_d_output, core_vjp, forward, sum_to_shape
+from ..gradients import check_d_output, forward
 from ..layouts import pad_flatten_reshape, rel_shift
 from ..positions import (
     _ERROR_POLICY_HINT,
@@ -32,9 +32,8 @@ from ..positions import (
     relative_positions,
 )
 from ._tables import (
-    binned_rows_vjp,
+    binned_keys_values_vjp,
     binned_values,
-    binned_values_vjp,
     check_method,
     check_table,
     check_value_table,
@@ -431,20 +430,10 @@ def music_attention_vjp(
     policy = "zero" if beyond == "zero" else "clip"  # "error" checked: every r has a row
     bins = {"low": -(m - 1), "high": 0, "q_offset": call.q_offset, "clip": policy == "clip",
             "clip_future": False}
-    grads: dict[str, Any] = {}
-    d_weights = None
-    if value_table is not None:
-        index, valid = music_index(call.t_q, call.t_k, length=m, q_offset=call.q_offset,
-                                   beyond=policy, xp=call.xp, device=_xp.device(q))
-        d_weights, grads["value_table"] = binned_values_vjp(fwd.weights, d_output, value_table,
-                                                            index, valid, **bins)
-    core = core_vjp(q, k, v, d_output, call, fwd, d_weights=d_weights)
-    dq_table, d_table = binned_rows_vjp(core.d_logits * call.scale, q, table, **bins,
-                                        allowed=fwd.allowed)
-    return {
-        "q": sum_to_shape(core.dq + dq_table, q.shape),
-        "k": sum_to_shape(core.dk, k.shape),
-        "v": sum_to_shape(core.dv, v.shape),
-        "table": d_table,
-        **grads,
-    }
+
+    def value_rows() -> TableIndex:
+        return music_index(call.t_q, call.t_k, length=m, q_offset=call.q_offset,
+                           beyond=policy, xp=call.xp, device=_xp.device(q))
+
+    return binned_keys_values_vjp(q, k, v, d_output, call, fwd, table, value_table,
+                                  value_rows, names=("table", "value_table"), **bins)

@@ -21,7 +21,7 @@ from .. import _xp
 from .._validate import check_bool, check_choice, nonnegative_int
 from ..attention import allowed_keys, attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
-from ..gradients import check_d_output, core_vjp, forward, sum_to_shape
+from ..gradients import check_d_output, forward
 from ..layouts import _take_per_row
 from ..positions import (
     BEYOND_POLICIES,
@@ -31,9 +31,8 @@ from ..positions import (
     table_index,
 )
 from ._tables import (
-    binned_rows_vjp,
+    binned_keys_values_vjp,
     binned_values,
-    binned_values_vjp,
     check_method,
     check_table,
     check_value_table,
@@ -435,20 +434,10 @@ def shaw_attention_vjp(
     n = _max_distance("key_table", key_table)
     policy = "zero" if beyond == "zero" else "clip"  # "error" checked: every r has a row
     bins = {"low": -n, "high": n, "q_offset": call.q_offset, "clip": policy == "clip"}
-    grads: dict[str, Any] = {}
-    d_weights = None
-    if value_table is not None:
-        index, valid = shaw_index(call.t_q, call.t_k, max_distance=n, q_offset=call.q_offset,
-                                  beyond=policy, xp=call.xp, device=_xp.device(q))
-        d_weights, grads["value_table"] = binned_values_vjp(fwd.weights, d_output, value_table,
-                                                            index, valid, **bins)
-    core = core_vjp(q, k, v, d_output, call, fwd, d_weights=d_weights)
-    dq_table, d_key_table = binned_rows_vjp(core.d_logits * call.scale, q, key_table, **bins,
-                                            allowed=fwd.allowed)
-    return {
-        "q": sum_to_shape(core.dq + dq_table, q.shape),
-        "k": sum_to_shape(core.dk, k.shape),
-        "v": sum_to_shape(core.dv, v.shape),
-        "key_table": d_key_table,
-        **grads,
-    }
+
+    def value_rows() -> TableIndex:
+        return shaw_index(call.t_q, call.t_k, max_distance=n, q_offset=call.q_offset,
+                          beyond=policy, xp=call.xp, device=_xp.device(q))
+
+    return binned_keys_values_vjp(q, k, v, d_output, call, fwd, key_table, value_table,
+                                  value_rows, names=("key_table", "value_table"), **bins)

@@ -43,6 +43,7 @@ from ..gradients import (
     check_d_output,
     core_vjp,
     distance_axis,
+    every_pair_unless,
     forward,
     query_rows_vjp,
     sum_to_shape,
@@ -543,9 +544,7 @@ def transformer_xl_attention_vjp(
     }
     dk = core.dk
     if content_bias is not None:
-        allowed = fwd.allowed
-        if allowed is None:
-            allowed = xp.ones((call.t_q, call.t_k), dtype=xp.bool, device=dev)
+        allowed = every_pair_unless(fwd.allowed, call.t_q, call.t_k, xp=xp, device=dev)
         per_key = xp.sum(d_position, axis=-2)[..., None]  # (..., t_k, 1)
         seen = xp.any(allowed, axis=-2)[..., None]  # keys some query attends to
         zero = xp.zeros((), dtype=k.dtype, device=dev)
