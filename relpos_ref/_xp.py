@@ -100,8 +100,19 @@ def index_dtype(xp: Any, device: Any = None) -> Any:
 
 
 def check_floating(xp: Any, name: str, x: Any) -> None:
-    """Raise a `TypeError` naming `name` unless `x` has a real floating dtype."""
-    if not xp.isdtype(x.dtype, "real floating"):
+    """Raise a `TypeError` naming `name` unless `x` has a real floating dtype.
+
+    A dtype the namespace does not know (NumPy's ``ml_dtypes.bfloat16``, which
+    the array API of NumPy has not) is refused with the same kind of message.
+    """
+    try:
+        floating = xp.isdtype(x.dtype, "real floating")
+    except (TypeError, ValueError):
+        msg = (f"`{name}` has dtype {x.dtype}, which this array library's array API does "
+               "not support; convert it (to float32, say), or use a library that has it "
+               "(torch and JAX have bfloat16)")
+        raise TypeError(msg) from None
+    if not floating:
         msg = f"`{name}` must have a real floating dtype, got {x.dtype}"
         raise TypeError(msg)
 

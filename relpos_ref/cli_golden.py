@@ -79,6 +79,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("obtained", metavar="OBTAINED", help="directory with your results")
     p.add_argument("--select", action="append", metavar="GLOB",
                    help="only cases whose id matches GLOB (repeatable)")
+    p.add_argument("--gradients", action="store_true",
+                   help="require every case's gradients too (dq, dk, dv, d_<table>), "
+                        "for testing a backward pass")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--verbose", action="store_true", help="also list matching cases")
 
@@ -132,7 +135,8 @@ def run(args: argparse.Namespace) -> tuple[int, str]:
         return 1, "\n".join(lines)
     if args.command == "check":
         _note(golden.load_suite(args.dir).recovered)
-        report = golden.check(args.dir, args.obtained, select=args.select)
+        report = golden.check(args.dir, args.obtained, select=args.select,
+                              gradients=args.gradients)
         if args.json:
             text = json.dumps(report.as_dict(), indent=1, sort_keys=True)
         else:

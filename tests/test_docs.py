@@ -229,11 +229,13 @@ def test_float_tolerant_comparison():
 
 @pytest.fixture(scope="module")
 def golden_file(tmp_path_factory):
+    """The directory of shaw/clip in float32, float16 and bfloat16."""
     from relpos_ref import golden
 
     out = tmp_path_factory.mktemp("golden") / "suite"
-    golden.generate(out, golden.default_cases().select(["shaw/clip/*"], dtypes=["float32"]))
-    return next(out.glob("*.safetensors"))
+    golden.generate(out, golden.default_cases().select(
+        ["shaw/clip/*"], dtypes=["float32", "float16", "bfloat16"]))
+    return out
 
 
 def _printed_array(stdout: str) -> tuple[tuple[int, ...], np.ndarray]:
@@ -243,20 +245,28 @@ def _printed_array(stdout: str) -> tuple[tuple[int, ...], np.ndarray]:
     return tuple(int(n) for n in words[1:]), np.array([float(v) for v in values])
 
 
-def _check_reader(binary: Path, golden_file: Path) -> None:
-    from safetensors.numpy import load_file
+def _check_reader(binary: Path, suite: Path) -> None:
+    # every float array a backward-pass test needs: goldens (F64) and the inputs and
+    # cotangent in the dtype under test (F32, F16, BF16); integer arrays are refused
+    from relpos_ref.golden import load_suite
 
-    want = load_file(golden_file)["output"]
-    run = subprocess.run(
-        [str(binary), str(golden_file), "output"], capture_output=True, text=True, check=True
-    )
-    shape, values = _printed_array(run.stdout)
-    assert shape == want.shape
-    np.testing.assert_array_equal(values, want.reshape(-1))
-    refused = subprocess.run(
-        [str(binary), str(golden_file), "q"], capture_output=True, text=True, check=False
-    )
-    assert refused.returncode != 0  # q is float32: the readers take only float64 goldens
+    opened = load_suite(suite)
+    read = 0
+    for cid, entry in opened.cases.items():
+        path = suite / entry["file"]
+        arrays = opened.load(cid, rederive=False).arrays
+        for name in ("output", "dq", "d_key_table", "q", "d_output"):
+            run = subprocess.run([str(binary), str(path), name], capture_output=True,
+                                 text=True, check=True)
+            shape, values = _printed_array(run.stdout)
+            want = arrays[name]
+            assert shape == want.shape
+            np.testing.assert_array_equal(values, want.astype(np.float64).reshape(-1))
+            read += 1
+        refused = subprocess.run([str(binary), str(path), "index"], capture_output=True,
+                                 text=True, check=False)
+        assert refused.returncode != 0 and "not a floating array" in refused.stderr
+    assert read == 15
 
 
 def test_cpp_reader_reads_a_golden_file(golden_file, tmp_path):

@@ -119,7 +119,11 @@ def test_suite_holds_every_intermediate(suite_dir):
         "q": "input", "k": "input", "v": "input", "key_table": "input", "value_table": "input",
         "distance": "index", "index": "index", "valid": "index",
         "position": "golden", "logits": "golden", "weights": "golden", "output": "golden",
+        "d_output": "cotangent", "dq": "golden", "dk": "golden", "dv": "golden",
+        "d_key_table": "golden", "d_value_table": "golden",
     }
+    assert entry["arrays"]["d_output"]["dtype"] == entry["dtype"]
+    assert entry["arrays"]["d_output"]["shape"] == entry["arrays"]["output"]["shape"]
     tol = entry["arrays"]["output"]["tolerance"]
     assert tol["atol"] == max(tol["k"] * tol["e_max"], tol["ulp_floor"]) and tol["rule"]
     assert entry["scale"] == 0.25  # 1 / sqrt(16)
@@ -131,7 +135,7 @@ def test_manifest_matches_its_json_schema(suite_dir):
     schema = json.loads(golden.schema_path().read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     jsonschema.validate(manifest, schema)
-    broken = {**manifest, "format_version": 2}
+    broken = {**manifest, "format_version": golden.FORMAT_VERSION + 1}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, schema)
 

@@ -41,3 +41,14 @@ def test_validators():
     assert broadcast_shapes(a=(2, 1, 3), b=(4, 1)) == (2, 4, 3)
     with pytest.raises(ValueError, match=r"shapes do not broadcast: `a` \(2,\), `b` \(3,\)"):
         broadcast_shapes(a=(2,), b=(3,))
+
+
+def test_a_dtype_the_namespace_does_not_know_is_refused_by_name():
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
+    import relpos_ref as rp
+
+    q = np.ones((2, 4), dtype=ml_dtypes.bfloat16)
+    with pytest.raises(TypeError, match=r"^`q` has dtype bfloat16, which this array library"):
+        rp.attention(q, q, q)
+    with pytest.raises(TypeError, match=r"^`q` has dtype bfloat16"):
+        rp.shaw_attention_vjp(q, q, q, np.ones((3, 4), dtype=ml_dtypes.bfloat16), d_output=q)

@@ -1,7 +1,10 @@
-// Read one float64 array from a relpos-ref golden file (safetensors), no dependencies.
+// Read one floating array from a relpos-ref golden file (safetensors), no dependencies:
+// a float64 golden (output, dq, d_key_table, ...) or an input in the dtype under test
+// (q, k, v, tables, d_output) in float64, float32, float16 or bfloat16.
 // Build: g++ -std=c++17 -O2 read_golden.cpp -o read_golden
 // Run:   ./read_golden golden/<case>.safetensors output
 // Prints the shape, then every value (C order), one per line, to full precision.
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -43,16 +46,47 @@ int main(int argc, char** argv) {
     size_t at = header.find("\"" + std::string(argv[2]) + "\":{");
     if (at == std::string::npos) { std::fprintf(stderr, "no array %s\n", argv[2]); return 1; }
     std::string entry = header.substr(at, header.find('}', at) - at);
-    if (entry.find("\"F64\"") == std::string::npos) {
-        std::fprintf(stderr, "%s is not float64 (goldens are)\n", argv[2]);
+    // Goldens are F64; inputs and d_output are in the dtype under test (F64, F32, F16, BF16).
+    size_t width = 0;
+    std::string dtype;
+    for (const char* name : {"F64", "F32", "F16", "BF16"}) {
+        if (entry.find("\"" + std::string(name) + "\"") != std::string::npos) dtype = name;
+    }
+    if (dtype.empty()) {
+        std::fprintf(stderr, "%s is not a floating array (F64, F32, F16 or BF16)\n", argv[2]);
         return 1;
     }
+    width = dtype == "F64" ? 8 : dtype == "F32" ? 4 : 2;
     std::vector<long long> shape = numbers_after(entry, "shape");
     std::vector<long long> offsets = numbers_after(entry, "data_offsets");
-    size_t count = static_cast<size_t>((offsets[1] - offsets[0]) / 8);
-    std::vector<double> values(count);  // safetensors data are little-endian, as on x86 and ARM
+    size_t count = static_cast<size_t>((offsets[1] - offsets[0]) / static_cast<long long>(width));
+    std::vector<unsigned char> raw(count * width);  // little-endian, as on x86 and ARM
     file.seekg(static_cast<std::streamoff>(8 + header_size + offsets[0]));
-    file.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(count * 8));
+    file.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size()));
+    std::vector<double> values(count);
+    for (size_t n = 0; n < count; ++n) {
+        const unsigned char* b = raw.data() + n * width;
+        if (dtype == "F64") {
+            std::memcpy(&values[n], b, 8);
+        } else if (dtype == "F32") {
+            float f;
+            std::memcpy(&f, b, 4);
+            values[n] = f;
+        } else if (dtype == "BF16") {  // the upper half of a float32
+            uint32_t bits = static_cast<uint32_t>(b[0] | (b[1] << 8)) << 16;
+            float f;
+            std::memcpy(&f, &bits, 4);
+            values[n] = f;
+        } else {  // F16: sign, 5 exponent bits, 10 mantissa bits
+            unsigned h = static_cast<unsigned>(b[0] | (b[1] << 8));
+            int exponent = static_cast<int>((h >> 10) & 0x1f);
+            double mantissa = static_cast<double>(h & 0x3ff);
+            double magnitude = exponent == 0 ? std::ldexp(mantissa, -24)
+                : exponent == 31 ? (mantissa == 0 ? HUGE_VAL : NAN)
+                : std::ldexp(mantissa + 1024.0, exponent - 25);
+            values[n] = (h & 0x8000) ? -magnitude : magnitude;
+        }
+    }
 
     std::printf("shape");
     for (long long n : shape) std::printf(" %lld", n);

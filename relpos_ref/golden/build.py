@@ -29,7 +29,7 @@ from .dtypes import dtype_name
 from .fileformat import EXTENSIONS, FORMATS, array_sha256, dumps
 from .manifest import FORMAT_VERSION, MANIFEST, SCHEMA, render, schema_path
 from .paths import SuiteError, entries
-from .pipeline import golden_arrays, naive_arrays, naive_method
+from .pipeline import golden_arrays, is_gradient, naive_arrays, naive_method
 from .progress import Progress
 from .tolerance import RULE, derive_tolerance
 
@@ -49,7 +49,9 @@ NAIVE_PIPELINE = (
     "NumPy; method='efficient' where the scheme has it; q k^T and w v as elementwise "
     "products summed with numpy.sum; every stage (position, bias, "
     "logits, weights, output) stored in the dtype under test; float32/float64 computed in "
-    "that dtype, float16/bfloat16 computed in float32 and rounded to 16 bits after each stage"
+    "that dtype, float16/bfloat16 computed in float32 and rounded to 16 bits after each stage; "
+    "the gradients from the scheme's specified backward pass in the same arithmetic on the "
+    "stored inputs and d_output, each stored in the dtype under test"
 )
 
 
@@ -101,10 +103,12 @@ def _cupy_dist() -> str:
     return "cupy"
 
 
-def goldens_on(case: Case, inputs: Mapping[str, np.ndarray], backend: GoldenBackend) -> dict:
+def goldens_on(case: Case, inputs: Mapping[str, np.ndarray], backend: GoldenBackend, *,
+               d_output: np.ndarray | None = None) -> dict:
     return golden_arrays(
         case,
         inputs,
+        d_output=d_output,
         namespace=backend.namespace,
         from_numpy=backend.from_numpy,
         to_numpy=backend.to_numpy,
@@ -112,19 +116,28 @@ def goldens_on(case: Case, inputs: Mapping[str, np.ndarray], backend: GoldenBack
 
 
 def build_case(case: Case, *, fmt: str, backend: GoldenBackend) -> tuple[bytes, dict[str, Any]]:
-    """Compute `case`: the bytes of its file and its manifest entry."""
+    """Compute `case`: the bytes of its file and its manifest entry.
+
+    The file holds the inputs (role ``input``), the output's cotangent
+    ``d_output`` (role ``cotangent``), the float64 goldens of the forward
+    stages and of the gradients (role ``golden``) and the integer
+    intermediates (role ``index``).
+    """
     inputs = case.inputs()
-    goldens = goldens_on(case, inputs, backend)
-    naive = naive_arrays(case, inputs)
+    d_output = case.d_output()
+    goldens = goldens_on(case, inputs, backend, d_output=d_output)
+    naive = naive_arrays(case, inputs, d_output=d_output)
     arrays: dict[str, np.ndarray] = {}
     described: dict[str, Any] = {}
     for name, a in inputs.items():
         arrays[name] = a
         described[name] = {"role": "input"}
+    arrays["d_output"] = d_output
+    described["d_output"] = {"role": "cotangent"}
     for name, a in goldens.items():
         arrays[name] = a
         if a.dtype.kind == "f":
-            tol = derive_tolerance(a, naive[name], case.dtype)
+            tol = derive_tolerance(a, naive[name], case.dtype, gradient=is_gradient(name))
             described[name] = {"role": "golden", "tolerance": tol}
         else:
             described[name] = {"role": "index"}

@@ -184,6 +184,29 @@ class Case:
         with probability 3/4 (a uniform draw below 0.75), then query row 0,
         and row ``t_q // 2`` when ``t_q > 2``, set all ``False``.
         """
+        return self._draw()[1]
+
+    def output_shape(self) -> tuple[int, ...]:
+        """Shape of the attention output, ``(b, h, t_q, d)``."""
+        p = self.parameters
+        return (p["b"], p["h"], p["t_q"], p["d"])
+
+    def d_output(self) -> np.ndarray:
+        """The output's cotangent of the gradient goldens, bit-exact in the case's dtype.
+
+        Standard normal float64 draws of shape `output_shape` from the same
+        generator, after the inputs and the mask (so `inputs` does not
+        depend on it), rounded to the dtype under test.
+
+        Examples
+        --------
+        >>> Case.make("bias", "clip", h=2, t_q=3, t_k=4, K=1).d_output().shape
+        (1, 2, 3, 8)
+        """
+        rng, _ = self._draw()
+        return rng.standard_normal(self.output_shape()).astype(numpy_dtype(self.dtype))
+
+    def _draw(self) -> tuple[np.random.Generator, dict[str, np.ndarray]]:
         rng = np.random.Generator(np.random.PCG64(self.seed))
         dtype = numpy_dtype(self.dtype)
         out = {
@@ -197,7 +220,7 @@ class Case:
             if p["t_q"] > 2:
                 mask[p["t_q"] // 2] = False
             out["mask"] = mask
-        return out
+        return rng, out
 
 
 def _table_shapes(entry: catalog.Scheme, p: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:

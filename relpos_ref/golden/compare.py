@@ -97,10 +97,10 @@ def to_numpy(x: Any) -> np.ndarray:
 
 def _obtained_dtype_problem(name: str, role: str, got: np.dtype, case_dtype: str) -> str | None:
     gname = got.name
-    if role in ("golden", "input"):
+    if role in ("golden", "input", "cotangent"):
         if gname not in _FLOAT_BITS:
             return f"`{name}` must be a floating array, got dtype {gname}"
-        if role == "input" and gname != case_dtype:
+        if role in ("input", "cotangent") and gname != case_dtype:
             return f"`{name}` is an input stored in {case_dtype}, got dtype {gname}"
         ok = (
             gname == case_dtype

@@ -27,10 +27,10 @@ __all__ = [
     "schema_path",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 SCHEMA = "manifest.schema.json"
-ROLES = ("input", "index", "golden")
+ROLES = ("input", "cotangent", "index", "golden")
 #: A manifest larger than this is refused before it is read.
 MAX_MANIFEST_BYTES = 2**28
 _EXTENSIONS = {"safetensors": ".safetensors", "npz": ".npz"}

@@ -8,10 +8,15 @@ Both run the same stages, built from the library's public functions:
    return ``q_rotated`` and ``k_rotated``, which replace ``q`` and ``k``;
 2. ``logits = scale * (q k^T + position) + bias``, before masking;
 3. ``weights = masked_softmax(logits)`` under the mask and causality;
-4. ``output = weights v`` plus the scheme's relative-value term, if any.
+4. ``output = weights v`` plus the scheme's relative-value term, if any;
+5. given the output's cotangent ``d_output`` (the gradient of a scalar loss
+   with respect to ``output``), the gradients of that loss with respect to
+   ``q``, ``k``, ``v`` and every table, from the scheme's specified backward
+   pass (`relpos_ref.catalog.Scheme.vjp`): ``dq``, ``dk``, ``dv`` and
+   ``d_<table>`` (`gradient_name`).
 
 **Goldens** run these stages in float64 on the inputs as stored (rounded to
-the dtype under test), with ``method="definition"``.
+the dtype under test), with ``method="definition"``; the gradients in float64 too.
 
 **The naive pipeline** is what a straightforward implementation in the dtype
 under test computes: NumPy, ``method="efficient"`` where the scheme has one,
@@ -20,7 +25,9 @@ contracted axis (the textbook order, not a BLAS kernel's), and the result of
 every stage stored in the dtype under test. For float32 and
 float64 all arithmetic is in that dtype; for float16 and bfloat16 it is
 float32 arithmetic with every stage's result rounded to 16 bits (the mixed
-precision 16-bit kernels use). Its error against the goldens sets the
+precision 16-bit kernels use). Its gradients are the backward pass run in
+that arithmetic (float32 for the 16-bit dtypes) on the stored inputs and
+cotangent, each gradient stored in the dtype under test. Its error against the goldens sets the
 tolerances (`relpos_ref.golden.tolerance`).
 """
 
@@ -37,7 +44,16 @@ from ..attention import allowed_keys, compose_logits, masked_softmax
 from .cases import Case
 from .dtypes import SIXTEEN_BIT, numpy_dtype
 
-__all__ = ["FLOAT_STAGES", "attention_of", "evaluate", "golden_arrays", "naive_arrays"]
+__all__ = [
+    "FLOAT_STAGES",
+    "attention_of",
+    "evaluate",
+    "golden_arrays",
+    "gradient_name",
+    "gradients_of",
+    "is_gradient",
+    "naive_arrays",
+]
 
 #: The float intermediates and results every scheme may have, in pipeline order.
 FLOAT_STAGES = ("q_rotated", "k_rotated", "position", "bias", "logits", "weights", "output")
@@ -136,18 +152,62 @@ def attention_of(case: Case, arrays: Mapping[str, Any], *, method: str) -> tuple
     return function(arrays["q"], arrays["k"], arrays["v"], *entry.table_args(tables), **kwargs)
 
 
+def gradient_name(argument: str) -> str:
+    """The golden name of the gradient with respect to an argument.
+
+    Examples
+    --------
+    >>> gradient_name("q"), gradient_name("key_table")
+    ('dq', 'd_key_table')
+    """
+    return f"d{argument}" if argument in ("q", "k", "v") else f"d_{argument}"
+
+
+def is_gradient(name: str) -> bool:
+    """Whether `name` is a gradient golden's name (`gradient_name`).
+
+    Examples
+    --------
+    >>> is_gradient("dq"), is_gradient("d_table"), is_gradient("distance")
+    (True, True, False)
+    """
+    return name in ("dq", "dk", "dv") or name.startswith("d_")
+
+
+def gradients_of(case: Case, arrays: Mapping[str, Any], d_output: Any) -> dict[str, Any]:
+    """The gradients of `case` for the cotangent `d_output`, by golden name.
+
+    The scheme's specified backward pass (`relpos_ref.catalog.Scheme.vjp`)
+    called as a user calls the public ``*_attention_vjp``: the tables
+    positionally, the case's options, scale, causality and offset as keywords.
+    """
+    p = case.parameters
+    entry = case.entry
+    tables = {t.name: arrays[t.name] for t in entry.tables if t.name in arrays}
+    accepts = inspect.signature(entry.vjp).parameters
+    kwargs = {"d_output": d_output, "scale": p["scale"], "mask": arrays.get("mask"),
+              **entry.options_from(p)}
+    kwargs.update({name: p[name] for name in ("causal", "q_offset") if name in accepts})
+    grads = entry.vjp(arrays["q"], arrays["k"], arrays["v"], *entry.table_args(tables),
+                      **kwargs)
+    return {gradient_name(name): g for name, g in grads.items()}
+
+
 def golden_arrays(
     case: Case,
     inputs: Mapping[str, np.ndarray],
     *,
+    d_output: np.ndarray | None = None,
     namespace: Any = None,
     from_numpy: Callable[[np.ndarray], Any] | None = None,
     to_numpy: Callable[[Any], np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """The float64 goldens and integer intermediates of `case`, as NumPy arrays.
 
-    `namespace`, `from_numpy` and `to_numpy` select another array library
-    (a backend adapter's); the default is NumPy.
+    With `d_output` (the case's cotangent, `Case.d_output`) the gradients
+    follow the stages (`gradients_of`). `namespace`, `from_numpy` and
+    `to_numpy` select another array library (a backend adapter's); the
+    default is NumPy.
     """
     if namespace is None:
         import array_api_compat.numpy as namespace
@@ -163,6 +223,8 @@ def golden_arrays(
         for name, a in inputs.items()
     }
     result = evaluate(case, namespace, arrays, method="definition")
+    if d_output is not None:
+        result.update(gradients_of(case, arrays, from_numpy(d_output.astype(np.float64))))
     return {name: _host(to_numpy(x)) for name, x in result.items()}
 
 
@@ -183,8 +245,14 @@ def naive_method(case: Case) -> str:
     return "efficient" if case.entry.methods else "definition"
 
 
-def naive_arrays(case: Case, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The float stages of the naive pipeline, as float64 copies of their stored values."""
+def naive_arrays(
+    case: Case, inputs: Mapping[str, np.ndarray], *, d_output: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """The float stages of the naive pipeline, as float64 copies of their stored values.
+
+    With `d_output`, the gradients too, computed in the pipeline's arithmetic
+    and each stored in the dtype under test.
+    """
     import array_api_compat.numpy as xp
 
     storage = numpy_dtype(case.dtype)
@@ -199,6 +267,10 @@ def naive_arrays(case: Case, inputs: Mapping[str, np.ndarray]) -> dict[str, np.n
     result = evaluate(
         case, xp, arrays, method=naive_method(case), store=store, matmul=elementwise_matmul
     )
+    if d_output is not None:
+        grads = gradients_of(case, {n: xp.asarray(a) for n, a in arrays.items()},
+                             xp.asarray(d_output.astype(compute)))
+        result.update({name: store(g) for name, g in grads.items()})
     return {
         name: np.asarray(x, dtype=np.float64)
         for name, x in result.items()

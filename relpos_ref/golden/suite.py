@@ -31,10 +31,10 @@ from .dtypes import ulp
 from .fileformat import CorruptFileError, array_sha256, loads_file
 from .manifest import MANIFEST, SCHEMA, ManifestError, parse, schema_path
 from .paths import SuiteError, entries, plain_file
-from .pipeline import naive_arrays, naive_method
+from .pipeline import is_gradient, naive_arrays, naive_method
 from .progress import Progress
 from .replace import recover_if_needed
-from .tolerance import RULE, derive_tolerance
+from .tolerance import RULE, derive_tolerance, ulp_multiple
 
 __all__ = [
     "GOLDEN_BACKENDS",
@@ -108,6 +108,22 @@ class GoldenCase:
     def expected(self) -> dict[str, np.ndarray]:
         """The goldens (float64) and the exact integer/bool intermediates."""
         return self._role("golden", "index")
+
+    @property
+    def d_output(self) -> np.ndarray:
+        """The output's cotangent for the gradient goldens, in the dtype under test.
+
+        Run your backward pass with it: ``dq``, ``dk``, ``dv`` and
+        ``d_<table>`` are the gradients of the loss whose gradient with
+        respect to the output is ``d_output`` (``sum(output * d_output)``).
+        """
+        return self.arrays["d_output"]
+
+    @property
+    def gradient_names(self) -> list[str]:
+        """Names of the gradient goldens: ``dq``, ``dk``, ``dv``, then ``d_<table>`` per table."""
+        return [n for n, info in self.entry["arrays"].items()
+                if info["role"] == "golden" and is_gradient(n)]
 
     def tolerance(self, name: str) -> dict[str, Any]:
         """The stored tolerance of golden array `name` (``atol`` 0 for exact arrays)."""
@@ -253,8 +269,9 @@ def case_problems(
         problems.append(f"{cid}: naive_method {entry.get('naive_method')!r} is not "
                         f"{naive_method(case)!r}")
     inputs = case.inputs()
-    fresh = goldens_on(case, inputs, golden_backend(backend))
-    roles = {**dict.fromkeys(inputs, "input"),
+    d_output = case.d_output()
+    fresh = goldens_on(case, inputs, golden_backend(backend), d_output=d_output)
+    roles = {**dict.fromkeys(inputs, "input"), "d_output": "cotangent",
              **{n: "golden" if a.dtype.kind == "f" else "index" for n, a in fresh.items()}}
     for name in sorted(set(roles) | set(entry["arrays"]) | set(stored)):
         info = entry["arrays"].get(name)
@@ -266,12 +283,12 @@ def case_problems(
                             f"{roles[name]!r}")
     if problems:
         return problems
-    for name, a in inputs.items():
+    for name, a in {**inputs, "d_output": d_output}.items():
         if array_sha256(a) != array_sha256(stored[name]):
             problems.append(f"{cid}: input `{name}` differs from its regeneration from the seed")
     if problems:
         return problems
-    naive = naive_arrays(case, inputs)
+    naive = naive_arrays(case, inputs, d_output=d_output)
     for name, a in fresh.items():
         want = stored[name]
         if roles[name] == "index":
@@ -299,11 +316,12 @@ def _golden_problems(cid: str, name: str, fresh: np.ndarray, want: np.ndarray,
     if not diff <= limit:
         problems.append(f"{cid}: `{name}` differs from its recomputation by {diff:.3g} "
                         f"(allowed {limit:.3g})")
-    tol, again = info["tolerance"], derive_tolerance(want, naive, dtype)
+    gradient = is_gradient(name)
+    tol, again = info["tolerance"], derive_tolerance(want, naive, dtype, gradient=gradient)
     slack = ulp(top, dtype)
     plausible = tol["e_max"] <= 2 * again["e_max"] + slack and \
         again["e_max"] <= 2 * tol["e_max"] + slack
-    rule = max(tol["k"] * tol["e_max"], 2.0 * ulp(top, dtype))
+    rule = max(tol["k"] * tol["e_max"], ulp_multiple(dtype, gradient=gradient) * ulp(top, dtype))
     if not plausible:
         problems.append(f"{cid}: `{name}` e_max {tol['e_max']:.3g} is not the naive pipeline's "
                         f"({again['e_max']:.3g} here)")
@@ -410,7 +428,8 @@ def _verify_case(
 
 # -- check --------------------------------------------------------------------
 
-#: What a result file must hold for its case to count: the case's output.
+#: What a result file must hold for its case to count: the case's output (and, with
+#: ``check(..., gradients=True)``, every gradient golden of the case).
 REQUIRED = ("output",)
 
 
@@ -505,6 +524,7 @@ def check(
     obtained: str | os.PathLike[str],
     *,
     select: Sequence[str] | None = None,
+    gradients: bool = False,
 ) -> CheckReport:
     """Compare files of someone's results with a suite.
 
@@ -518,6 +538,11 @@ def check(
         arrays of the case under the same names.
     select : sequence of str, optional
         Globs over case ids.
+    gradients : bool
+        Require each result file to hold the case's gradients too (``dq``,
+        ``dk``, ``dv`` and ``d_<table>``, computed with the case's
+        ``d_output``), for testing a backward pass. Without it, gradients a
+        file holds are compared and those it lacks are not required.
 
     Raises
     ------
@@ -557,7 +582,8 @@ def check(
         except (ObtainedError, CorruptFileError) as exc:
             errors.append(str(exc))
             continue
-        lacking = [name for name in REQUIRED if name not in got]
+        required = [*REQUIRED, *(case.gradient_names if gradients else ())]
+        lacking = [name for name in required if name not in got]
         if lacking:
             report.incomplete[cid] = lacking
     if errors:
