@@ -1,7 +1,8 @@
 """pytest plugin (entry point ``pytest11``): run your tests over a golden suite.
 
-Options: ``--golden-dir DIR`` (a suite from ``relpos-ref generate``) and
-``--golden-select GLOB`` (repeatable; globs over case ids). A test that takes
+Options: ``--golden-dir DIR`` (a suite from ``relpos-ref generate``; or the
+ini option ``golden_dir``, relative to the ini file) and ``--golden-select
+GLOB`` (repeatable; globs over case ids). A test that takes
 the ``golden_case`` fixture runs once per selected case and receives a
 `relpos_ref.golden.GoldenCase`; without ``--golden-dir`` it is skipped with
 the reason. Importing the plugin imports nothing beyond the standard library,
@@ -14,8 +15,13 @@ Example test::
     def test_my_kernel(golden_case):
         if golden_case.scheme != "shaw":
             pytest.skip("only shaw is implemented")
-        out = my_kernel(**golden_case.inputs)
+        inputs = golden_case.inputs_as("torch")   # bfloat16 included
+        out = my_kernel(**inputs, **golden_case.kwargs)  # scale, causal, q_offset, options
         assert_matches(golden_case, {"output": out})
+
+A failing case reports one line per array that misses its tolerance (the
+worst element, the tolerance, the ratio to the naive pipeline's error), not
+the assertion helper's source.
 """
 
 from __future__ import annotations
@@ -24,7 +30,13 @@ from typing import Any
 
 import pytest
 
-__all__ = ["golden_case", "pytest_addoption", "pytest_configure", "pytest_generate_tests"]
+__all__ = [
+    "golden_case",
+    "golden_dir",
+    "pytest_addoption",
+    "pytest_configure",
+    "pytest_generate_tests",
+]
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -35,6 +47,12 @@ def pytest_addoption(parser: Any) -> None:
         metavar="DIR",
         help="golden suite directory (from `relpos-ref generate`) for the golden_case fixture",
     )
+    parser.addini(
+        "golden_dir",
+        "golden suite directory for the golden_case fixture, relative to the ini file "
+        "(--golden-dir overrides it)",
+        default=None,
+    )
     group.addoption(
         "--golden-select",
         action="append",
@@ -44,9 +62,22 @@ def pytest_addoption(parser: Any) -> None:
     )
 
 
+def golden_dir(config: Any) -> tuple[str | None, str]:
+    """The suite directory (``--golden-dir``, else ``golden_dir`` from the ini file) and
+    the option it came from; ``(None, "")`` when neither is set."""
+    directory = config.getoption("--golden-dir")
+    if directory is not None:
+        return directory, "--golden-dir"
+    ini = config.getini("golden_dir")
+    if not ini:
+        return None, ""
+    base = config.inipath.parent if config.inipath is not None else config.rootpath
+    return str(base / ini), "golden_dir (ini)"
+
+
 def pytest_configure(config: Any) -> None:
     """Open the suite named by ``--golden-dir`` up front, so a bad one is a usage error."""
-    directory = config.getoption("--golden-dir")
+    directory, option = golden_dir(config)
     if directory is None:
         return
     from .golden import SuiteError, load_suite
@@ -54,7 +85,7 @@ def pytest_configure(config: Any) -> None:
     try:
         suite = load_suite(directory)
     except SuiteError as exc:
-        raise pytest.UsageError(f"--golden-dir: {exc}") from None
+        raise pytest.UsageError(f"{option}: {exc}") from None
     try:
         config._relpos_ref_entries = suite.select(
             config.getoption("--golden-select"), option="--golden-select"
@@ -67,11 +98,12 @@ def pytest_configure(config: Any) -> None:
 def pytest_generate_tests(metafunc: Any) -> None:
     if "golden_case" not in metafunc.fixturenames:
         return
-    directory = metafunc.config.getoption("--golden-dir")
+    directory, _ = golden_dir(metafunc.config)
     if directory is None:
+        reason = "no --golden-dir given (nor golden_dir in the ini file)"
         metafunc.parametrize(
             "golden_case",
-            [pytest.param(None, marks=pytest.mark.skip(reason="no --golden-dir given"))],
+            [pytest.param(None, marks=pytest.mark.skip(reason=reason))],
             ids=["no-golden-dir"],
             indirect=True,
         )

@@ -62,6 +62,7 @@ def assert_matches(
     ...
     AssertionError: golden case demo: `outputs` lacks 'output' (got ['weights']); pass it, or require=() to compare only the arrays you pass
     """  # noqa: E501
+    __tracebackhide__ = True  # pytest shows the caller's line and this message, not this code
     if isinstance(require, str):
         msg = (
             "`require` must be a collection of names, e.g. ('output',); "

@@ -8,6 +8,7 @@ recomputation (`verify`) and compares a user's results with it (`check`).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -74,6 +75,9 @@ class GoldenCase:
     entry: dict[str, Any]
     arrays: dict[str, np.ndarray]
 
+    def __repr__(self) -> str:
+        return f"GoldenCase({self.id!r}, arrays: {', '.join(self.arrays)})"
+
     @property
     def id(self) -> str:
         return self.entry["id"]
@@ -108,6 +112,47 @@ class GoldenCase:
     def expected(self) -> dict[str, np.ndarray]:
         """The goldens (float64) and the exact integer/bool intermediates."""
         return self._role("golden", "index")
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of the scheme's ``relpos_ref.<scheme>_attention`` for this case.
+
+        ``scale`` always; ``causal`` and ``q_offset`` where the scheme takes
+        them; and the scheme's options (``beyond``, ``max_distance``,
+        ``order``, ...). With `inputs` (the tables by name) they are every
+        argument the case was computed with::
+
+            out = my_kernel(**golden_case.inputs, **golden_case.kwargs)
+        """
+        from .. import catalog
+
+        entry = catalog.get(self.scheme)
+        params = self.params
+        accepts = inspect.signature(entry.attention).parameters
+        out = {"scale": self.scale}
+        out.update({n: params[n] for n in ("causal", "q_offset") if n in accepts})
+        out.update(entry.options_from(params))
+        return out
+
+    def inputs_as(self, library: str, *, device: Any = None,
+                  cotangent: bool = False) -> dict[str, Any]:
+        """The inputs as arrays of `library` (``"torch"``, ``"jax"``, ``"cupy"``, ``"numpy"``).
+
+        bfloat16 inputs arrive as the library's bfloat16 (``torch.from_numpy``
+        refuses them). `device` is the library's device (``"cuda:0"``, a JAX
+        device, ...); `cotangent` adds ``d_output`` for a backward pass.
+        """
+        from .. import backends
+
+        adapter = backends.get(library)
+        reason = adapter.unavailable_reason()
+        if reason is not None:
+            msg = f"`library` {library!r} cannot run here: {reason}"
+            raise ValueError(msg)
+        arrays = dict(self.inputs)
+        if cotangent:
+            arrays["d_output"] = self.d_output
+        return {n: adapter.from_numpy(a, device=device) for n, a in arrays.items()}
 
     @property
     def d_output(self) -> np.ndarray:
