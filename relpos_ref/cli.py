@@ -418,7 +418,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, OSError, OverflowError, RecursionError,
             MemoryError) as exc:
         view = args.view if args.command == "show" else None
-        print(f"relpos-ref: error: {_name_flags(_say(exc), view)}", file=sys.stderr)
+        said = _say(exc)
+        if not said.startswith("--cases "):  # a --cases file names its own keys (`K`, ...)
+            said = _name_flags(said, view)
+        print(f"relpos-ref: error: {said}", file=sys.stderr)
         return 2
     except Exception as exc:
         if os.environ.get("RELPOS_REF_DEBUG"):

@@ -15,6 +15,7 @@ examples:
   relpos-ref generate --out golden
   relpos-ref generate --out golden-shaw --select 'shaw/*' --dtypes float32 bfloat16
   relpos-ref generate --out golden-npz --format npz
+  relpos-ref generate --out golden-mine --cases my-cases.toml
 """
 
 
@@ -34,9 +35,22 @@ def add_commands(sub: Any) -> None:
             help=f"only these dtypes under test ({', '.join(FLOAT_DTYPES)})",
         )
 
-    p = sub.add_parser("list", help="list the default golden cases",
-                       description="Print the ids of the default golden cases, one per line.")
+    def cases_file(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--cases", metavar="FILE",
+            help="cases of your own from a TOML file ([[case]] tables with scheme, variant, "
+                 "params, dtypes, seeds) instead of the default suite",
+        )
+
+    p = sub.add_parser(
+        "list", help="list the golden cases",
+        description="Print the ids of the default golden cases (or those of --cases FILE), "
+                    "one per line, or with --json every case's scheme, variant, dtype, seed "
+                    "and parameters.")
     selection(p)
+    cases_file(p)
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON list of the cases with their parameters")
 
     p = sub.add_parser(
         "generate",
@@ -50,6 +64,7 @@ def add_commands(sub: Any) -> None:
     )
     p.add_argument("--out", required=True, metavar="DIR", help="suite directory to write")
     selection(p)
+    cases_file(p)
     p.add_argument("--backend", choices=GOLDEN_BACKENDS, default="numpy",
                    help="where the float64 goldens are computed (default numpy)")
     p.add_argument("--format", choices=FORMATS, default="safetensors", dest="fmt",
@@ -96,16 +111,29 @@ def _note(recovered: str | None) -> None:
         print(f"relpos-ref: note: {recovered}", file=sys.stderr)
 
 
+def _cases(args: argparse.Namespace) -> list[Any]:
+    """The default suite or the ``--cases`` file's, filtered by ``--select`` and ``--dtypes``."""
+    from . import golden
+
+    registry = golden.default_cases() if args.cases is None else \
+        golden.cases_from_toml(args.cases)
+    return registry.select(args.select, dtypes=args.dtypes)
+
+
 def run(args: argparse.Namespace) -> tuple[int, str]:
     """Run a golden subcommand; returns (exit status, text for stdout)."""
     from . import golden
     from .golden.progress import Progress
 
     if args.command == "list":
-        cases = golden.default_cases().select(args.select, dtypes=args.dtypes)
+        cases = _cases(args)
+        if args.json:
+            listed = [{"id": c.id, "scheme": c.scheme, "variant": c.variant, "dtype": c.dtype,
+                       "seed": c.seed, "params": c.parameters} for c in cases]
+            return 0, json.dumps(listed, indent=1, sort_keys=True)
         return 0, "\n".join(c.id for c in cases)
     if args.command == "generate":
-        cases = golden.default_cases().select(args.select, dtypes=args.dtypes)
+        cases = _cases(args)
         start = time.perf_counter()
         result = golden.generate(
             args.out, cases, fmt=args.fmt, backend=args.backend, force=args.force,

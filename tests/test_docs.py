@@ -308,3 +308,25 @@ def test_license_and_changelog_match_the_package():
     changelog = (root / "CHANGELOG.md").read_text(encoding="utf-8")
     assert f"## {project['version']} " in changelog
     assert (root / "relpos_ref" / "py.typed").is_file()
+
+
+def test_the_golden_params_table_covers_the_catalog_and_says_the_kwargs(tmp_path):
+    from relpos_ref import catalog, golden
+
+    table = worked.golden_parameter_rows()
+    rows = {line.split("|")[1].strip(" `"): line for line in table.splitlines()[2:]}
+    assert set(rows) == set(catalog.names())
+    out = tmp_path / "suite"
+    golden.generate(out, [golden.Case.make(name, "doc") for name in catalog.names()])
+    opened = golden.load_suite(out)
+    for cid in opened.cases:
+        case = opened.load(cid)
+        kwargs_cell = rows[case.scheme].split(" | ")[2]
+        assert kwargs_cell == ", ".join(f"`{k}`" for k in case.kwargs), case.scheme
+        gradients_cell = rows[case.scheme].split(" | ")[4].rstrip(" |")
+        listed = set(gradients_cell.split(", "))
+        stored = {f"`{g}`" for g in case.gradient_names}
+        assert stored <= listed, case.scheme
+        switched_off = {f"`d_{t.name}`" for t in catalog.get(case.scheme).tables
+                        if t.name not in case.inputs}
+        assert listed - stored == switched_off, case.scheme

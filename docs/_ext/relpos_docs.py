@@ -31,6 +31,7 @@ def write_tables(out: Path) -> list[Path]:
     fragments = {
         "distances.md": worked.markdown(worked.worked_distances()),
         "table_index.md": worked.markdown(worked.worked_table_index()),
+        "golden_params.md": worked.golden_parameter_rows(),
     }
     for name, build in worked.LAYOUTS.items():
         fragments[f"layout_{name}.md"] = worked.markdown(build())

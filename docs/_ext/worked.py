@@ -10,6 +10,7 @@ extension `relpos_docs` renders them to Markdown tables at build time.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import array_api_compat.numpy as xp
@@ -420,6 +421,43 @@ def preset_rows(scheme: str) -> str:
         if preset.scheme == scheme:
             lines.append(f"- **`{name}`** ({preset.implementation}): {preset.notes}")
     return "\n".join(lines) if lines else "No preset maps onto this scheme yet."
+
+
+def golden_parameter_rows() -> str:
+    """Per scheme: its golden case parameters, the kwargs, inputs and gradients of a case.
+
+    A Markdown table generated from the catalog and `relpos_ref.golden.Case`.
+    """
+    from relpos_ref.golden.cases import Case, scheme_defaults
+    from relpos_ref.golden.pipeline import gradient_name
+
+    head = ("| scheme | its `params` (besides the common ones) | `kwargs` | table inputs "
+            "| gradients |\n|---|---|---|---|---|")
+    rows = [head]
+    for name in SCHEMES:
+        entry = catalog.get(name)
+        meanings = {s.key: s.meaning for s in entry.sizes}
+        meanings.update({o.name: o.meaning for o in entry.options})
+        switched: dict[str, list[str]] = {}
+        for t in entry.tables:
+            if t.switch is not None:
+                switched.setdefault(t.switch, []).append(f"`{t.name}`")
+        meanings.update({k: f"whether {' and '.join(v)} {'is' if len(v) == 1 else 'are'} given"
+                         for k, v in switched.items()})
+        params = "; ".join(f"`{k}` ({meanings.get(k, '')}, default {v!r})"
+                           for k, v in scheme_defaults(entry).items()).replace("|", "\\|")
+        p = Case.make(name, "doc").parameters
+        accepts = inspect.signature(entry.attention).parameters
+        kwargs = ["scale", *(n for n in ("causal", "q_offset") if n in accepts),
+                  *entry.options_from(p)]
+        tables = [t.name for t in entry.tables]
+        arguments = ["q", "k", "v", *tables, *(["slopes"] if name == "alibi" else [])]
+        rows.append(
+            f"| `{name}` | {params or '(none)'} | {', '.join(f'`{k}`' for k in kwargs)} | "
+            f"{', '.join(f'`{t}`' for t in tables) or '(none)'} | "
+            f"{', '.join(f'`{gradient_name(a)}`' for a in arguments)} |"
+        )
+    return "\n".join(rows) + "\n"
 
 
 LAYOUTS = {

@@ -12,7 +12,7 @@ same steps are available here:
 
 from __future__ import annotations
 
-from .cases import SCHEMES, Case, CaseRegistry, default_cases
+from .cases import SCHEMES, Case, CaseRegistry, cases_from_toml, default_cases
 from .compare import ArrayResult, ObtainedError
 from .dtypes import FLOAT_DTYPES
 from .fileformat import FORMATS, CorruptFileError
@@ -51,6 +51,7 @@ __all__ = [
     "Suite",
     "SuiteError",
     "VerifyReport",
+    "cases_from_toml",
     "check",
     "default_cases",
     "derive_tolerance",
