@@ -1,4 +1,4 @@
-"""The golden-suite commands of ``relpos-ref``: list, generate, verify, check."""
+"""The golden-suite commands of ``relpos-ref``: list, generate, verify, check, diagnose."""
 
 from __future__ import annotations
 
@@ -99,6 +99,27 @@ def add_commands(sub: Any) -> None:
                         "for testing a backward pass")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--verbose", action="store_true", help="also list matching cases")
+    _add_diagnose(sub)
+
+
+def _add_diagnose(sub: Any) -> None:
+    p = sub.add_parser(
+        "diagnose",
+        help="for mismatching results, try the field's known convention mistakes",
+        description=(
+            "For each case whose results file holds an `output` that misses the golden, "
+            "recompute the case with each known convention mistake (table reversed, "
+            "clipping at K-1, start/end-aligned queries, scale on the bias, shared tables, "
+            "causal r < 0, ...) and report which one the output matches, in units of the "
+            "case's tolerance. Exit status 0: every output matches its golden; 1: some do "
+            "not; 2: unusable input."
+        ),
+    )
+    p.add_argument("dir", metavar="DIR", help="the golden suite")
+    p.add_argument("obtained", metavar="OBTAINED", help="directory with your results")
+    p.add_argument("--select", action="append", metavar="GLOB",
+                   help="only cases whose id matches GLOB (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
 
 
 def _size(n: int) -> str:
@@ -161,6 +182,18 @@ def run(args: argparse.Namespace) -> tuple[int, str]:
             )
         lines = [*report.problems, f"{report.path}: {len(report.problems)} problem(s) found"]
         return 1, "\n".join(lines)
+    if args.command == "diagnose":
+        from .golden.diagnose import diagnose
+
+        _note(golden.load_suite(args.dir).recovered)
+        found = diagnose(args.dir, args.obtained, select=args.select)
+        ok = all(d.matches_golden for d in found)
+        if args.json:
+            return (0 if ok else 1), json.dumps([d.as_dict() for d in found], indent=1)
+        lines = [line for d in found for line in d.lines()]
+        bad = sum(not d.matches_golden for d in found)
+        lines.append(f"{len(found) - bad} of {len(found)} case(s) match their golden")
+        return (0 if ok else 1), "\n".join(lines)
     if args.command == "check":
         _note(golden.load_suite(args.dir).recovered)
         report = golden.check(args.dir, args.obtained, select=args.select,

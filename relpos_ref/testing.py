@@ -83,6 +83,28 @@ def assert_matches(
     results = case.compare(outputs)
     bad = [r for r in results if not r.passed]
     if bad:
-        lines = "\n".join(f"  {r.summary()}" for r in bad)
-        msg = f"golden case {case.id} does not match:\n{lines}"
+        lines = [f"  {r.summary()}" for r in bad]
+        if any(r.name == "output" for r in bad):
+            lines += _diagnosis(case, outputs["output"])
+        text = "\n".join(lines)
+        msg = f"golden case {case.id} does not match:\n{text}"
         raise AssertionError(msg)
+
+
+def _diagnosis(case: Any, output: Any) -> list[str]:
+    """One line naming the known convention mistake a wrong `output` matches, if any."""
+    if "scheme" not in case.entry:  # a hand-made case without its parameters
+        return []
+    from .golden.diagnose import diagnose_case
+
+    found = diagnose_case(case, output)
+    matched = [v for v in found.variants if v.matches]
+    if matched:
+        names = ", ".join(v.name for v in matched)
+        return [f"  diagnosis: the output matches the mistake {names} "
+                f"({matched[0].ratio:.2g}x its tolerance); `relpos-ref diagnose` lists them"]
+    if not found.variants:
+        return []
+    near = found.variants[0]
+    return [f"  diagnosis: no known convention mistake matches (nearest: {near.name}, "
+            f"{near.ratio:.3g}x the tolerance)"]

@@ -1,0 +1,301 @@
+"""What went wrong: an obtained output tried against the field's known convention mistakes.
+
+When someone's ``output`` misses its golden, `diagnose_case` recomputes the
+case (float64, on the stored inputs) with each mistake the field makes,
+*planted on purpose*, and measures how far the obtained output is from each
+of them, in units of the case's tolerance. A variant within its tolerance
+names the bug. The variants, where they apply to a case:
+
+- ``table-reversed``: the relative table read in reverse row order, which
+  is the distance's sign flipped for two-sided tables (``j - i`` for ``i - j``);
+- ``t5-halves-swapped``: T5's bidirectional buckets with the halves for
+  ``r < 0`` and ``r > 0`` exchanged; ``alibi-sign-flipped``: the slopes negated;
+- ``clip-at-K-1``: the two-sided table clipped one distance early;
+- ``start-aligned`` / ``end-aligned``: queries at ``q_offset = 0`` or
+  ``t_k - t_q`` instead of the case's offset;
+- ``bias-scaled``: the scale applied to an additive bias as well;
+  ``position-unscaled``: a position term added after scaling instead of before;
+- ``scale-1`` / ``scale-1/sqrt(d)``: the other common logit scale;
+- ``shared-table``: per-head tables read as one table (every head gets head 0's);
+- ``causal-strict``: the causal mask keeping ``r < 0`` instead of ``r <= 0``;
+  ``not-causal`` / ``causal``: the causal mask forgotten or added.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import catalog
+from .compare import to_numpy
+
+__all__ = ["Call", "CaseDiagnosis", "VariantResult", "diagnose", "diagnose_case", "variants"]
+
+#: Schemes whose tables are laid out by relative distance (reversing them flips the sign).
+_RELATIVE_TABLES = ("shaw", "bias", "music", "general", "grid2d", "t5", "swin", "deberta")
+#: Schemes whose tables go through ``clip(r, -K, K) + K``.
+_CLIPPED = ("shaw", "bias")
+#: Schemes with an additive bias after scaling, and with a position term inside it.
+_BIASED = ("bias", "t5", "alibi", "swin")
+_POSITIONED = ("absolute", "shaw", "music", "general", "grid2d")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call of a scheme's public function: tables by name, the mask and keywords."""
+
+    q: Any
+    k: Any
+    v: Any
+    tables: dict[str, Any]
+    mask: Any
+    kwargs: dict[str, Any]
+
+    def replace(self, **changes: Any) -> Call:
+        fields = {"q": self.q, "k": self.k, "v": self.v, "tables": self.tables,
+                  "mask": self.mask, "kwargs": self.kwargs}
+        fields.update(changes)
+        return Call(**fields)
+
+
+def _row_axis(table: catalog.Table) -> int:
+    return -1 if table.width is None else -2
+
+
+def _with_tables(call: Call, change: Callable[[catalog.Table, np.ndarray], np.ndarray],
+                 entry: catalog.Scheme) -> Call:
+    tables = {t.name: change(t, call.tables[t.name]) for t in entry.tables
+              if t.name in call.tables}
+    return call.replace(tables={**call.tables, **tables})
+
+
+def variants(scheme: str, call: Call, params: Mapping[str, Any]) -> Iterator[tuple[str, Call]]:
+    """The planted-mistake calls that apply to a case, as ``(name, call)``."""
+    entry = catalog.get(scheme)
+    kwargs = call.kwargs
+    scale = float(kwargs["scale"])
+    if scheme in _RELATIVE_TABLES:
+        yield "table-reversed", _with_tables(
+            call, lambda t, a: np.flip(a, axis=_row_axis(t)).copy(), entry)
+    if scheme == "t5" and kwargs.get("bidirectional"):
+        yield "t5-halves-swapped", _with_tables(call, lambda t, a: _halves_swapped(a), entry)
+    if scheme == "alibi":
+        slopes = _slopes(kwargs, params["h"])
+        yield "alibi-sign-flipped", call.replace(kwargs={**kwargs, "slopes": -slopes})
+    if scheme in _CLIPPED and params["K"] >= 2:
+        yield "clip-at-K-1", _with_tables(
+            call, lambda t, a: np.take(a, np.arange(1, a.shape[_row_axis(t)] - 1),
+                                       axis=_row_axis(t)), entry)
+    if "q_offset" in kwargs:
+        t_q, t_k = params["t_q"], params["t_k"]
+        if kwargs["q_offset"] != 0:
+            yield "start-aligned", call.replace(kwargs={**kwargs, "q_offset": 0})
+        if kwargs["q_offset"] != t_k - t_q:
+            yield "end-aligned", call.replace(kwargs={**kwargs, "q_offset": t_k - t_q})
+    if scale != 1.0 and scheme in _BIASED:
+        if scheme == "alibi":
+            slopes = _slopes(kwargs, params["h"])
+            yield "bias-scaled", call.replace(kwargs={**kwargs, "slopes": slopes * scale})
+        else:
+            yield "bias-scaled", _with_tables(call, lambda t, a: a * scale, entry)
+    if scale != 1.0 and scheme in _POSITIONED:
+        yield "position-unscaled", _with_tables(  # the key-side tables, not the values'
+            call, lambda t, a: a / scale if t.width == "d" else a, entry)
+    d = params["d"]
+    if scale == 1.0:
+        yield "scale-1/sqrt(d)", call.replace(kwargs={**kwargs, "scale": 1 / math.sqrt(d)})
+    else:
+        yield "scale-1", call.replace(kwargs={**kwargs, "scale": 1.0})
+    if params.get("per_head") and call.tables:
+        yield "shared-table", _with_tables(
+            call, lambda t, a: np.broadcast_to(a[:1], a.shape).copy(), entry)
+    if "causal" in kwargs:
+        if kwargs["causal"]:
+            yield "not-causal", call.replace(kwargs={**kwargs, "causal": False})
+            yield "causal-strict", call.replace(mask=_strict(call, params))
+        else:
+            yield "causal", call.replace(kwargs={**kwargs, "causal": True})
+
+
+def _halves_swapped(table: np.ndarray) -> np.ndarray:
+    """A bidirectional T5 table read with ``i - j`` for ``j - i``: bucket ``b`` of ``r != 0``
+    is the other half's ``b ± n/2``; ``r = 0`` keeps bucket 0 either way."""
+    half = table.shape[-1] // 2
+    out = np.roll(table, half, axis=-1)
+    out[..., 0] = table[..., 0]
+    return out
+
+
+def _slopes(kwargs: Mapping[str, Any], heads: int) -> np.ndarray:
+    """ALiBi's slopes of the call: given, or the default geometric ones."""
+    from ..schemes.alibi import alibi_slopes
+
+    given = kwargs.get("slopes")
+    return np.asarray(alibi_slopes(heads) if given is None else given, dtype=np.float64)
+
+
+def _strict(call: Call, params: Mapping[str, Any]) -> np.ndarray:
+    """The case's mask without the pairs at distance 0 (with ``causal``: ``r < 0`` only)."""
+    t_q, t_k = params["t_q"], params["t_k"]
+    r = np.arange(t_k)[None, :] - (np.arange(t_q)[:, None] + call.kwargs["q_offset"])
+    keep = r != 0
+    return keep if call.mask is None else keep & call.mask
+
+
+def _run(scheme: str, call: Call) -> np.ndarray:
+    import relpos_ref
+
+    entry = catalog.get(scheme)
+    function = getattr(relpos_ref, f"{scheme}_attention")
+    with np.errstate(all="ignore"):
+        out = function(call.q, call.k, call.v, *entry.table_args(call.tables), mask=call.mask,
+                       **call.kwargs)
+    return np.asarray(out, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    """How far the obtained output is from one variant: ``max |obtained - variant| / atol``."""
+
+    name: str
+    max_error: float
+    ratio: float
+
+    @property
+    def matches(self) -> bool:
+        return self.ratio <= 1.0
+
+
+@dataclass
+class CaseDiagnosis:
+    """The obtained output against the golden and against every variant, nearest first."""
+
+    case_id: str
+    golden_ratio: float
+    variants: list[VariantResult] = field(default_factory=list)
+
+    @property
+    def matches_golden(self) -> bool:
+        return self.golden_ratio <= 1.0
+
+    @property
+    def verdict(self) -> str:
+        """One line: the golden matches, a variant matches, or the nearest variant."""
+        if self.matches_golden:
+            return f"{self.case_id}: matches the golden ({self.golden_ratio:.2g}x its tolerance)"
+        found = [v for v in self.variants if v.matches]
+        if found:
+            names = ", ".join(v.name for v in found)
+            return (f"{self.case_id}: {self.golden_ratio:.3g}x the tolerance from the golden; "
+                    f"matches {names} ({found[0].ratio:.2g}x)")
+        near = self.variants[0] if self.variants else None
+        tail = (f"; nearest variant {near.name} at {near.ratio:.3g}x" if near else "")
+        return (f"{self.case_id}: {self.golden_ratio:.3g}x the tolerance from the golden, "
+                f"no known mistake matches{tail}")
+
+    def lines(self) -> Iterator[str]:
+        yield self.verdict
+        if not self.matches_golden:
+            for v in self.variants:
+                yield f"  {v.name:<18} {v.ratio:10.3g}x  (max |err| {v.max_error:.3g})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"case": self.case_id, "golden_ratio": _finite(self.golden_ratio),
+                "matches_golden": self.matches_golden,
+                "variants": [{"name": v.name, "ratio": _finite(v.ratio),
+                              "max_error": _finite(v.max_error), "matches": v.matches}
+                             for v in self.variants]}
+
+
+def _finite(x: float) -> float | str:
+    return x if math.isfinite(x) else repr(x)
+
+
+def _ratio(obtained: np.ndarray, want: np.ndarray, atol: float) -> tuple[float, float]:
+    err = np.abs(obtained - want)
+    err = np.where(np.isfinite(obtained) & np.isfinite(want), err, np.inf)
+    worst = float(err.max()) if err.size else 0.0
+    return worst, (worst / atol if atol > 0 else (0.0 if worst == 0 else math.inf))
+
+
+def diagnose_case(case: Any, output: Any) -> CaseDiagnosis:
+    """Try the known convention mistakes on a loaded case against an obtained `output`.
+
+    Parameters
+    ----------
+    case : relpos_ref.golden.GoldenCase
+        A loaded case (``Suite.load`` or the plugin's ``golden_case``).
+    output : array
+        The obtained ``output``: NumPy, torch, CuPy or JAX, of the output's shape.
+
+    Returns
+    -------
+    CaseDiagnosis
+        The obtained output's distance from the golden and from each variant,
+        in units of the case's ``output`` tolerance, nearest variant first.
+    """
+    obtained = to_numpy(output).astype(np.float64)
+    golden = case.expected["output"]
+    if obtained.shape != golden.shape:
+        msg = f"`output` must have shape {golden.shape}, got {obtained.shape}"
+        raise ValueError(msg)
+    atol = float(case.tolerance("output")["atol"])
+    _, golden_ratio = _ratio(obtained, golden, atol)
+    diagnosis = CaseDiagnosis(case.id, golden_ratio)
+    inputs = {n: (a if a.dtype == bool else a.astype(np.float64))
+              for n, a in case.inputs.items()}
+    entry = catalog.get(case.scheme)
+    call = Call(inputs["q"], inputs["k"], inputs["v"],
+                {t.name: inputs[t.name] for t in entry.tables if t.name in inputs},
+                inputs.get("mask"), dict(case.kwargs))
+    for name, planted in variants(case.scheme, call, case.params):
+        try:
+            want = _run(case.scheme, planted)
+        except ValueError:  # a mistake this case cannot make (beyond="error" refuses it)
+            continue
+        worst, ratio = _ratio(obtained, want, atol)
+        diagnosis.variants.append(VariantResult(name, worst, ratio))
+    diagnosis.variants.sort(key=lambda v: v.ratio)
+    return diagnosis
+
+
+def diagnose(golden: str | os.PathLike[str], obtained: str | os.PathLike[str], *,
+             select: Sequence[str] | None = None) -> list[CaseDiagnosis]:
+    """`diagnose_case` for every case of a suite with a result file holding ``output``.
+
+    The results are read as `relpos_ref.golden.check` reads them (one file
+    per case, named like the suite's); cases without a file are left out, a
+    file without ``output`` is an error.
+    """
+    from .fileformat import loads_file
+    from .paths import SuiteError
+    from .suite import _result_files, load_suite
+
+    suite = load_suite(golden)
+    obtained = Path(obtained)
+    if not obtained.is_dir():
+        msg = f"{obtained} is not a directory of results (one file per case)"
+        raise SuiteError(msg)
+    files = _result_files(obtained, suite)
+    out = []
+    for entry in suite.select(select):
+        cid = entry["id"]
+        if cid not in files:
+            continue
+        path = obtained / files[cid]
+        arrays = loads_file(path.read_bytes(), path,
+                            dtypes={n: entry["dtype"] for n in entry["arrays"]})
+        if "output" not in arrays:
+            msg = f"{path} holds no `output`; diagnose compares outputs"
+            raise SuiteError(msg)
+        out.append(diagnose_case(suite.load(cid), arrays["output"]))
+    if not out:
+        msg = f"{obtained} holds no result file for a selected case of {suite.path}"
+        raise SuiteError(msg)
+    return out
