@@ -265,7 +265,7 @@ def test_derive_tolerance_follows_the_rule():
     assert tol["atol"] == pytest.approx(4e-6)
     assert tol["ulp_floor"] == 2 * 2.0**-22  # max|g| = 3 lies in [2, 4)
     exact = derive_tolerance(g, g.copy(), "bfloat16")
-    assert exact["k"] == 2.0 and exact["atol"] == exact["ulp_floor"] == 2 * 2.0**-6
+    assert exact["k"] == 3.0 and exact["atol"] == exact["ulp_floor"] == 2 * 2.0**-6
 
 
 @given(

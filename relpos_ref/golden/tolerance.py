@@ -8,7 +8,7 @@ same array from the naive pipeline (`relpos_ref.golden.pipeline`):
     e_\\max = \\max |n - g|, \\qquad e_\\text{mean} = \\operatorname{mean} |n - g|,
 
     \\text{atol} = \\max\\bigl(k\\, e_\\max,\\; m\\,\\operatorname{ulp}_T(\\max |g|)\\bigr),
-    \\qquad k = 2 \\text{ for 16-bit } T, \\quad k = 10 \\text{ for float32 and float64},
+    \\qquad k = 3 \\text{ for 16-bit } T, \\quad k = 10 \\text{ for float32 and float64},
 
 with :math:`m = 2`, except for the gradients (``dq``, ``dk``, ``dv``,
 ``d_<table>``): :math:`m = 8` in a 16-bit ``T`` and :math:`m = 64` in
@@ -43,14 +43,23 @@ from .dtypes import SIXTEEN_BIT, ulp
 __all__ = ["RULE", "derive_tolerance", "safety_factor", "ulp_multiple"]
 
 RULE = (
-    "atol = max(k * e_max, m * ulp(max|golden|)); k = 2 for 16-bit dtypes, 10 otherwise; "
+    "atol = max(k * e_max, m * ulp(max|golden|)); k = 3 for 16-bit dtypes, 10 otherwise; "
     "m = 8 for gradients in 16-bit dtypes, 64 for gradients in float64, 2 otherwise"
 )
 
 
 def safety_factor(dtype: str) -> float:
-    """``k`` of the rule: 2 for float16 and bfloat16, 10 for float32 and float64."""
-    return 2.0 if dtype in SIXTEEN_BIT else 10.0
+    """``k`` of the rule: 3 for float16 and bfloat16, 10 for float32 and float64.
+
+    Why 3 in 16 bits: over the default suite, legitimate 16-bit forward
+    passes (PyTorch eager with 16-bit matmuls and ``torch.softmax``, PyTorch
+    ``scaled_dot_product_attention`` with the bias as a float mask, every
+    operation of the specification in 16 bits on PyTorch and on JAX) reach
+    at most 2.2 times the naive pipeline's ``e_max``, while the convention
+    mistakes that change a case's output at all reach at least 5.1 times it
+    (``tests/test_golden_tolerance.py``).
+    """
+    return 3.0 if dtype in SIXTEEN_BIT else 10.0
 
 
 def ulp_multiple(dtype: str, *, gradient: bool = False) -> float:
