@@ -99,6 +99,9 @@ def add_commands(sub: Any) -> None:
                         "for testing a backward pass")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--verbose", action="store_true", help="also list matching cases")
+    p.add_argument("--plot", metavar="DIR",
+                   help="for each mismatching case, write DIR/<case>.png: |obtained - golden| "
+                        "per head (needs matplotlib: pip install 'relpos-ref[plot]')")
     _add_diagnose(sub)
 
 
@@ -196,8 +199,17 @@ def run(args: argparse.Namespace) -> tuple[int, str]:
         return (0 if ok else 1), "\n".join(lines)
     if args.command == "check":
         _note(golden.load_suite(args.dir).recovered)
+        if args.plot is not None:
+            from .golden.plot import _pyplot
+
+            _pyplot()  # matplotlib missing: say so before comparing anything
         report = golden.check(args.dir, args.obtained, select=args.select,
                               gradients=args.gradients)
+        if args.plot is not None:
+            from .golden.plot import plot_report
+
+            for path in plot_report(args.dir, args.obtained, report, args.plot):
+                print(f"relpos-ref: wrote {path}", file=sys.stderr)
         if args.json:
             text = json.dumps(report.as_dict(), indent=1, sort_keys=True)
         else:
