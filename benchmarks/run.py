@@ -122,8 +122,10 @@ def _inputs(backend, dtype, heads, t, d, seed=0, device=None):
 def scheme_cases(arr, heads: int, t: int, d: int, k_max: int) -> dict[str, Callable]:
     """label -> call(q, k, v, method) for plain attention and every scheme of the catalog.
 
-    Each call has ``call.backward(q, k, v, d_output)``: the scheme's VJP on the same
-    arguments (`relpos_ref.catalog.Scheme.vjp`).
+    Each call has ``call.backward(q, k, v, d_output)``: the scheme's public VJP on the
+    same arguments (``relpos_ref.<scheme>_attention_vjp``, the specification's
+    `relpos_ref.catalog.Scheme.vjp` behind the dispatcher, so a kernel runs where the
+    backend has one).
 
     Each scheme at its catalog benchmark sizes for length `t` (`Scheme.benchmark`;
     ``K`` is `k_max`), its optional tables as golden cases include them, scalar
@@ -157,15 +159,16 @@ def scheme_cases(arr, heads: int, t: int, d: int, k_max: int) -> dict[str, Calla
         label = f"{entry.name} {entry.label({**params, **options, 'rotary_dim': None})}"
         label += "".join(f"+{s}" for s in dict.fromkeys(included))
         function = getattr(rp, f"{entry.name}_attention")
+        vjp = getattr(rp, f"{entry.name}_attention_vjp")
 
         def call(q, k, v, m, function=function, tables=tables, options=options,
                  methods=entry.methods):
             return function(q, k, v, *tables, **options, **({"method": m} if methods else {}))
 
-        def backward(q, k, v, d_output, vjp=entry.vjp, tables=tables, options=options):
+        def backward(q, k, v, d_output, vjp=vjp, tables=tables, options=options):
             return vjp(q, k, v, *tables, d_output=d_output, **options)
 
-        call.backward = backward  # the scheme's specified backward pass, same arguments
+        call.backward = backward  # the scheme's public backward pass, same arguments
         cases[label] = call
     return cases
 
@@ -291,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.backward:
         d_output = arr(1, h, t, d)
-        print(f"\nbackward pass (the specified VJP) against the forward pass of the same scheme"
+        print(f"\nbackward pass (the public VJP) against the forward pass of the same scheme"
               f", t = {t}")
         print(f"{'scheme':<28} {'VJP ms':>9} {'forward ms':>10} {'VJP/fwd':>8} {'peak MiB':>9}")
         for name, call in cases.items():

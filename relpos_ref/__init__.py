@@ -5,11 +5,11 @@ NumPy, CuPy, torch, JAX and array-api-strict. The conventions are stated once,
 in :mod:`relpos_ref.positions`: the distance is key minus query,
 ``r = j - (i + q_offset)``.
 
-`attention` and every ``<scheme>_attention`` here are the specification's
-functions (`relpos_ref.schemes`) behind the dispatcher of `relpos_ref.kernels`,
-which runs a faster kernel where the arrays' library has one; everything else
-is the specification itself, the backward passes (``attention_vjp`` and
-``<scheme>_attention_vjp``, `relpos_ref.gradients`) included.
+`attention` and every ``<scheme>_attention`` here, and the backward passes
+``attention_vjp`` and ``<scheme>_attention_vjp``, are the specification's
+functions (`relpos_ref.schemes`, `relpos_ref.gradients`) behind the dispatcher
+of `relpos_ref.kernels`, which runs a faster kernel where the arrays' library
+has one; everything else is the specification itself.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import importlib
 from typing import Any
 
 from . import attention as _attention_module
+from . import gradients as _gradients
 from . import schemes as _schemes
 from .attention import (
     allowed_keys,
@@ -25,7 +26,6 @@ from .attention import (
     default_scale,
     masked_softmax,
 )
-from .gradients import attention_vjp
 from .kernels import dispatched as _dispatched
 from .layouts import (
     gather,
@@ -46,46 +46,34 @@ from .positions import (
     table_index,
 )
 from .schemes import (
-    absolute_attention_vjp,
     absolute_index,
     absolute_logits,
-    alibi_attention_vjp,
     alibi_bias,
     alibi_slopes,
-    bias_attention_vjp,
     bias_logits,
-    deberta_attention_vjp,
     deberta_bucket,
     deberta_bucket_boundaries,
     deberta_index,
     deberta_logits,
     deberta_rows,
-    general_attention_vjp,
     general_index,
     general_logits,
     general_window,
-    grid2d_attention_vjp,
     grid2d_index,
     grid2d_logits,
-    music_attention_vjp,
     music_index,
     music_logits,
     music_values,
-    rope_attention_vjp,
     rope_frequencies,
     rope_rotate,
-    shaw_attention_vjp,
     shaw_index,
     shaw_logits,
     shaw_values,
-    swin_attention_vjp,
     swin_bias,
     swin_index,
-    t5_attention_vjp,
     t5_bias,
     t5_bucket,
     t5_bucket_boundaries,
-    transformer_xl_attention_vjp,
     transformer_xl_distance,
     transformer_xl_embedding,
     transformer_xl_logits,
@@ -107,6 +95,22 @@ shaw_attention = _dispatched("shaw", _schemes.shaw_attention)
 swin_attention = _dispatched("swin", _schemes.swin_attention)
 t5_attention = _dispatched("t5", _schemes.t5_attention)
 transformer_xl_attention = _dispatched("transformer_xl", _schemes.transformer_xl_attention)
+
+attention_vjp = _dispatched("plain", _gradients.attention_vjp, vjp=True)
+absolute_attention_vjp = _dispatched("absolute", _schemes.absolute_attention_vjp, vjp=True)
+alibi_attention_vjp = _dispatched("alibi", _schemes.alibi_attention_vjp, vjp=True)
+bias_attention_vjp = _dispatched("bias", _schemes.bias_attention_vjp, vjp=True)
+deberta_attention_vjp = _dispatched("deberta", _schemes.deberta_attention_vjp, vjp=True)
+general_attention_vjp = _dispatched("general", _schemes.general_attention_vjp, vjp=True)
+grid2d_attention_vjp = _dispatched("grid2d", _schemes.grid2d_attention_vjp, vjp=True)
+music_attention_vjp = _dispatched("music", _schemes.music_attention_vjp, vjp=True)
+rope_attention_vjp = _dispatched("rope", _schemes.rope_attention_vjp, vjp=True)
+shaw_attention_vjp = _dispatched("shaw", _schemes.shaw_attention_vjp, vjp=True)
+swin_attention_vjp = _dispatched("swin", _schemes.swin_attention_vjp, vjp=True)
+t5_attention_vjp = _dispatched("t5", _schemes.t5_attention_vjp, vjp=True)
+transformer_xl_attention_vjp = _dispatched(
+    "transformer_xl", _schemes.transformer_xl_attention_vjp, vjp=True
+)
 
 #: Submodules reachable as attributes after ``import relpos_ref``, imported on first use.
 _SUBMODULES = (

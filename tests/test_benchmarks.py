@@ -21,7 +21,7 @@ def test_benchmark_suite_runs_and_writes_its_json(tmp_path, capsys):
     assert code == 0
     printed = capsys.readouterr().out
     assert "targets (issues 7, 14 and 16)" in printed and "vs plain" in printed
-    assert "backward pass (the specified VJP)" in printed
+    assert "backward pass (the public VJP)" in printed
     (path,) = tmp_path.glob("*-numpy-float32.json")
     report = json.loads(path.read_text())
     schemes = {row["scheme"].split()[0] for row in report["schemes"]}

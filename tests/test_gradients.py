@@ -436,7 +436,10 @@ def test_every_vjp_is_named_by_the_catalog_and_exported(scheme):
     entry = catalog.get(scheme)
     module = importlib.import_module(f"relpos_ref.schemes.{scheme}")
     assert entry.vjp is getattr(module, f"{scheme}_attention_vjp")
-    assert getattr(rp, f"{scheme}_attention_vjp") is entry.vjp
+    public = getattr(rp, f"{scheme}_attention_vjp")  # the specification behind the dispatcher
+    assert public.__wrapped__ is entry.vjp
+    assert (public.__name__, public.__doc__) == (entry.vjp.__name__, entry.vjp.__doc__)
+    assert inspect.signature(public) == inspect.signature(entry.vjp)
     forward = inspect.signature(entry.attention).parameters
     backward = inspect.signature(entry.vjp).parameters
     assert set(backward) == (set(forward) - {"method", "return_weights"}) | {"d_output"}

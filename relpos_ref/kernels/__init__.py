@@ -1,19 +1,30 @@
 """The kernels wing: fast implementations per array library, and the one dispatcher.
 
-The specification (`relpos_ref.schemes`, `relpos_ref.attention`) is array-API
-code only. Beside it, each array library may have a module here,
-``relpos_ref.kernels.<library>``, loaded the first time an array of that
-library arrives, whose ``KERNELS`` maps a scheme of `relpos_ref.catalog` to a
-function with the signature of the scheme's ``*_attention``. A kernel computes
-what the specification computes (the tests prove it, up to the rounding of a
-reordered sum) or returns ``NotImplemented``, which hands the call to the
-specification: an option it does not cover (``method="definition"``, say), an
-array type it does not know.
+The specification (`relpos_ref.schemes`, `relpos_ref.attention`,
+`relpos_ref.gradients`) is array-API code only. Beside it, each array library
+may have a module here, ``relpos_ref.kernels.<library>``, loaded the first
+time an array of that library arrives, with two mappings from a scheme of
+`relpos_ref.catalog` (``"plain"`` for `relpos_ref.attention`) to a function:
 
-The public functions of `relpos_ref` are the specification's behind
-`dispatched`; this is the only place that knows both. ``RELPOS_KERNELS=0`` in
-the environment, or the context manager `disabled`, makes every call run the
-specification.
+- ``KERNELS``: forward passes, each with the signature of the scheme's
+  ``*_attention``;
+- ``VJP_KERNELS`` (optional): backward passes, each with the signature of the
+  scheme's ``*_attention_vjp`` (`relpos_ref.attention_vjp` for ``"plain"``),
+  returning the same dict of gradients.
+
+A kernel computes what the specification computes (the tests prove it, up to
+the rounding of a reordered sum) or returns ``NotImplemented``, which hands
+the call to the specification: an option it does not cover
+(``method="definition"``, say), an array type it does not know, non-finite
+values the specification has rules for. A kernel validates its arguments
+with the specification's own checks first, so bad input gets the same error
+either way.
+
+The public functions of `relpos_ref`, forward (``dispatched(scheme, spec)``)
+and backward (``dispatched(scheme, spec, vjp=True)``), are the
+specification's behind `dispatched`; this is the only place that knows both.
+``RELPOS_KERNELS=0`` in the environment, or the context manager `disabled`,
+makes every call run the specification.
 
 Examples
 --------
@@ -51,6 +62,7 @@ __all__ = [
     "enabled",
     "kernel_for",
     "kernels",
+    "vjp_kernels",
 ]
 
 #: ``RELPOS_KERNELS=0`` runs the specification everywhere.
@@ -108,12 +120,32 @@ def kernels(library: str) -> Mapping[str, Callable[..., Any]]:
     return importlib.import_module(f"{__name__}.{module}").KERNELS
 
 
-def kernel_for(scheme: str, arrays: tuple[Any, ...]) -> Callable[..., Any] | None:
+@functools.cache
+def vjp_kernels(library: str) -> Mapping[str, Callable[..., Any]]:
+    """The backward-pass kernels of an array library by scheme name (empty when none).
+
+    Examples
+    --------
+    >>> "shaw" in vjp_kernels("numpy")
+    True
+    >>> dict(vjp_kernels("array_api_strict"))
+    {}
+    """
+    module = LIBRARIES.get(library)
+    if module is None:
+        return {}
+    return getattr(importlib.import_module(f"{__name__}.{module}"), "VJP_KERNELS", {})
+
+
+def kernel_for(
+    scheme: str, arrays: tuple[Any, ...], *, vjp: bool = False
+) -> Callable[..., Any] | None:
     """The kernel for `scheme` on the library of `arrays`, or ``None``.
 
     ``None`` when kernels are disabled, when the arrays come from several
     libraries (the specification then says so) or when the library has no
-    kernel for the scheme. Non-array arguments are ignored.
+    kernel for the scheme. Non-array arguments are ignored. With `vjp`, the
+    scheme's backward-pass kernel (`vjp_kernels`).
 
     Examples
     --------
@@ -129,7 +161,8 @@ def kernel_for(scheme: str, arrays: tuple[Any, ...]) -> Callable[..., Any] | Non
     libraries = {_xp.library_name(a) for a in arrays if _is_array(a)}
     if len(libraries) != 1:
         return None
-    return kernels(libraries.pop()).get(scheme)
+    library = libraries.pop()
+    return (vjp_kernels(library) if vjp else kernels(library)).get(scheme)
 
 
 def available_memory() -> int | None:
@@ -180,11 +213,14 @@ def _is_array(x: Any) -> bool:
     return x is not None and hasattr(x, "shape") and hasattr(x, "dtype")
 
 
-def dispatched(scheme: str, spec: Callable[..., Any]) -> Callable[..., Any]:
+def dispatched(
+    scheme: str, spec: Callable[..., Any], *, vjp: bool = False
+) -> Callable[..., Any]:
     """`spec` behind the dispatcher: a kernel for the arrays' library if one applies.
 
     The result has the specification's name, signature and docstring; its
-    ``__wrapped__`` is `spec`.
+    ``__wrapped__`` is `spec`. With `vjp`, `spec` is the scheme's backward
+    pass and the kernels are the library's ``VJP_KERNELS``.
 
     Examples
     --------
@@ -197,7 +233,7 @@ def dispatched(scheme: str, spec: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(spec)
     def public(*args: Any, **kwargs: Any) -> Any:
         check_host_memory(*args[:2])
-        chosen = kernel_for(scheme, (*args, *kwargs.values()))
+        chosen = kernel_for(scheme, (*args, *kwargs.values()), vjp=vjp)
         if chosen is not None:
             out = chosen(*args, **kwargs)
             if out is not NotImplemented:

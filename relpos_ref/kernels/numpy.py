@@ -19,6 +19,9 @@ below. What they share (`relpos_ref.kernels._numpy_blocks`):
   the way (`clipped_table_softmax`).
 
 The results are fresh arrays, like the specification's.
+
+``VJP_KERNELS`` holds the backward passes (`relpos_ref.kernels._numpy_vjps`,
+built on `relpos_ref.kernels._numpy_vjp`).
 """
 
 from __future__ import annotations
@@ -53,8 +56,9 @@ from ._numpy_blocks import (
     softmax_in_place,
 )
 from ._numpy_terms import deberta_terms, grid_terms, one_sided_rows, window_bias
+from ._numpy_vjps import VJP_KERNELS
 
-__all__ = ["KERNELS"]
+__all__ = ["KERNELS", "VJP_KERNELS"]
 
 #: Scheme name (as in `relpos_ref.catalog`) -> its NumPy kernel.
 KERNELS: dict[str, Callable[..., Any]] = {}

@@ -1,0 +1,559 @@
+"""NumPy VJP kernels: each scheme's backward pass, equal to the specification, in less time.
+
+Every kernel takes the arguments of the scheme's ``*_attention_vjp``,
+validates them with the scheme's own ``<scheme>_call`` and
+`relpos_ref.gradients.check_d_output` (so bad input gets the specification's
+message, word for word), and returns ``NotImplemented`` for what it does not
+cover:
+
+- arrays that are not plain ``numpy.ndarray``, dtypes other than float32 and
+  float64 (16-bit calls are widened to float32 first, as the specification does);
+- any non-finite value in ``q``, ``k``, ``v``, ``d_output`` or a table (the
+  specification then keeps a masked pair from carrying a NaN into a
+  gradient; with finite inputs a masked pair has weight 0 and carries nothing);
+- a mask that broadcasts along the queries or the keys (shape ``(..., 1, t_k)``,
+  ``(t_k,)``, ...): the specification's backward pass refuses those today
+  (its ``masked_product`` needs the full ``(t_q, t_k)`` grid), and a call
+  should get the same answer with and without kernels;
+- the few cases named at each kernel.
+
+Each runs `relpos_ref.kernels._numpy_vjp.backward` with the scheme's `Term`,
+and returns fresh arrays of the arguments' shapes and dtype, keyed as the
+specification keys them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..calls import Call, check_terms, computes_in_float32, resolve_call
+from ..gradients import check_d_output
+from ..positions import check_distances_in_table
+from ..schemes import absolute, alibi, bias, general, music, rope, shaw, t5
+from ..schemes._tables import table_logits
+from ._numpy_blocks import distance_view
+from ._numpy_terms import one_sided_rows
+from ._numpy_vjp import Block, Term, backward, column_ranges, finite, skew_view, sum_to
+
+__all__ = ["VJP_KERNELS"]
+
+#: Scheme name (as in `relpos_ref.catalog`) -> its NumPy VJP kernel.
+VJP_KERNELS: dict[str, Callable[..., Any]] = {}
+
+
+def _register(scheme: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def add(kernel: Callable[..., Any]) -> Callable[..., Any]:
+        VJP_KERNELS[scheme] = computes_in_float32(kernel)
+        return kernel
+
+    return add
+
+
+def _ndarrays(*arrays: Any) -> bool:
+    return all(a is None or type(a) is np.ndarray for a in arrays)
+
+
+def _covered(q: np.ndarray, call: Call, mask: Any, *arrays: Any) -> bool:
+    # float32 / float64, a mask of the whole grid, and finite everywhere: the products
+    # need no guards
+    if mask is not None and (mask.ndim < 2 or mask.shape[-2:] != (call.t_q, call.t_k)):
+        return False
+    return q.dtype in (np.float32, np.float64) and finite(q, *arrays)
+
+
+def _grads(q, k, v, core, **more: Any) -> dict[str, Any]:
+    return {"q": sum_to(core.dq, q.shape), "k": sum_to(core.dk, k.shape),
+            "v": sum_to(core.dv, v.shape), **more}
+
+
+def _distances(call: Call) -> tuple[int, int]:
+    # (r_min, n): the grid's distances r_min .. r_min + n - 1, in order (none if empty)
+    n = call.t_q + call.t_k - 1 if call.t_q and call.t_k else 0
+    return -(call.t_q - 1) - call.q_offset, n
+
+
+def _by_distance_row(term_of_grid: Callable[[int, int, int], Any], call: Call) -> np.ndarray:
+    # A distance-only term evaluated once per distance of the grid: (..., n). An empty
+    # grid has no distance (its term is evaluated for the checks alone).
+    r_min, n = _distances(call)
+    if call.t_q == 0 or call.t_k == 0:
+        full = np.asarray(term_of_grid(call.t_q, call.t_k, call.q_offset))
+        return np.zeros((*full.shape[:-2], 0), dtype=full.dtype)
+    return np.asarray(term_of_grid(1, n, -r_min))[..., 0, :]
+
+
+def _scratch(store: dict[str, np.ndarray], shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    # A buffer reused from block to block (allocating one per block faults its pages in).
+    size = int(np.prod(shape))
+    buffer = store.get("buffer")
+    if buffer is None or buffer.size < size or buffer.dtype != dtype:
+        buffer = store["buffer"] = np.empty(size, dtype=dtype)
+    return buffer[:size].reshape(shape)
+
+
+# -- terms ----------------------------------------------------------------------------
+
+
+class _FullTerms(Term):
+    """Plain attention's ``position`` / ``bias`` arrays, broadcastable to the scores."""
+
+    def __init__(self, position: Any, bias_term: Any) -> None:
+        self.terms = {"position": position, "bias": bias_term}
+        self.as2d = {name: None if t is None else t.reshape((1,) * (2 - t.ndim) + t.shape)
+                     for name, t in self.terms.items()}
+        self.batch = np.broadcast_shapes(*(t.shape[:-2] for t in self.as2d.values()
+                                           if t is not None))
+        self.sums = {name: None if t is None else np.zeros(t.shape, dtype=t.dtype)
+                     for name, t in self.as2d.items()}
+
+    @staticmethod
+    def _rows(t: np.ndarray, block: Block) -> tuple[slice, slice]:
+        rows = slice(None) if t.shape[-2] == 1 else slice(block.a, block.b)
+        cols = slice(None) if t.shape[-1] == 1 else slice(0, block.width)
+        return rows, cols
+
+    def _add(self, name: str, block: Block, scores: np.ndarray) -> None:
+        t = self.as2d[name]
+        if t is not None:
+            rows, cols = self._rows(t, block)
+            scores += t[..., rows, cols]
+
+    def position(self, block: Block, scores: np.ndarray) -> None:
+        self._add("position", block, scores)
+
+    def bias(self, block: Block, scores: np.ndarray) -> None:
+        self._add("bias", block, scores)
+
+    def d_logits(self, block: Block, d_logits: np.ndarray) -> None:
+        for name, t in self.as2d.items():
+            if t is None:
+                continue
+            part = d_logits
+            if t.shape[-1] == 1:
+                part = part.sum(axis=-1, keepdims=True)
+            if t.shape[-2] == 1:
+                part = part.sum(axis=-2, keepdims=True)
+            rows, cols = self._rows(t, block)
+            target = self.sums[name][..., rows, cols]
+            target += sum_to(part, target.shape)
+
+    def gradients(self, scale: float) -> dict[str, Any]:
+        out = {}
+        for name in ("bias", "position"):  # the specification's order
+            t = self.terms[name]
+            if t is not None:
+                total = self.sums[name].reshape(t.shape)
+                out[name] = total * scale if name == "position" else total
+        return out
+
+
+class _DistanceBias(Term):
+    """A scalar per distance (``(..., n)`` for the grid's distances), outside the scale.
+
+    The block's rows read it as a Toeplitz view; its gradient is the column sums of
+    the skewed tile.
+    """
+
+    skewed = True
+
+    def __init__(self, row: np.ndarray) -> None:
+        self.row = row
+        self.batch = row.shape[:-1]
+        self.sums = np.zeros(row.shape, dtype=row.dtype)
+
+    def bias(self, block: Block, scores: np.ndarray) -> None:
+        n, width = scores.shape[-2:]
+        scores += distance_view(self.row[..., block.first : block.first + width + n - 1],
+                                n, width)
+
+    def d_logits(self, block: Block, d_logits: np.ndarray) -> None:
+        length = block.tile.shape[-1]
+        target = self.sums[..., block.first : block.first + length]
+        target += sum_to(block.tile.sum(axis=-2), target.shape)
+
+
+def _onehot(index: np.ndarray, valid: np.ndarray, rows: int, dtype: Any) -> np.ndarray:
+    # (n, rows): 1 where distance n reads table entry `rows` (the specification's map)
+    return ((index[:, None] == np.arange(rows)[None, :]) & valid[:, None]).astype(dtype)
+
+
+class _ClippedTable(Term):
+    """Shaw et al.'s two-sided tables of ``2K + 1`` rows, clipped (or zero) beyond ``K``.
+
+    ``x = q a^K^T`` is ``(..., t_q, 2K + 1)``; in the tile, row ``m`` is read by
+    column ``c_0 + m`` and, with ``clip``, every column before (after) by row 0
+    (``2K``): three column ranges. The value table's share of ``g`` is the
+    same layout of ``o a^V^T``; the bins of the weights are the same ranges
+    summed.
+    """
+
+    skewed = True
+
+    def __init__(self, q, key_table, value_table, call: Call, *, clip: bool) -> None:
+        self.key_table, self.value_table, self.call, self.clip = (key_table, value_table,
+                                                                  call, clip)
+        self.rows = key_table.shape[-2]
+        self.x = table_logits(q, key_table)
+        self.d_key = np.zeros(key_table.shape, dtype=key_table.dtype)
+        self.d_value = None if value_table is None else np.zeros(value_table.shape,
+                                                                 dtype=value_table.dtype)
+
+    def _first(self, block: Block) -> int:
+        # the column of r = -K: r(c) = c - (B - 1) - a - q_offset
+        k_max = (self.rows - 1) // 2
+        return block.b - block.a - 1 + block.a + self.call.q_offset - k_max
+
+    def _add(self, block: Block, scores: np.ndarray, x: np.ndarray) -> None:
+        # scores += the table's term read from `x` (..., B, 2K + 1), through the scratch
+        first = self._first(block)
+        tile = block.scratch
+        length = tile.shape[-1]
+        left, lo, hi, right = column_ranges(first, length, self.rows, clip=self.clip)
+        if self.clip:
+            tile[..., :left] = x[..., :1]
+            tile[..., right:] = x[..., -1:]
+        else:
+            tile[..., :lo] = 0
+            tile[..., hi:] = 0
+        tile[..., lo:hi] = x[..., lo - first : hi - first]
+        scores += skew_view(tile, scores.shape[-1])
+
+    def _bins(self, block: Block, tile: np.ndarray) -> np.ndarray:
+        first = self._first(block)
+        left, lo, hi, right = column_ranges(first, tile.shape[-1], self.rows, clip=self.clip)
+        out = np.zeros((*tile.shape[:-1], self.rows), dtype=tile.dtype)
+        out[..., lo - first : hi - first] = tile[..., lo:hi]
+        if left:
+            out[..., 0] += tile[..., :left].sum(axis=-1)
+        if right < tile.shape[-1]:
+            out[..., -1] += tile[..., right:].sum(axis=-1)
+        return out
+
+    def position(self, block: Block, scores: np.ndarray) -> None:
+        self._add(block, scores, self.x[..., block.a : block.b, :])
+
+    def d_weights(self, block: Block, weights: np.ndarray, g: np.ndarray) -> None:
+        if self.value_table is None:
+            return
+        self._add(block, g, table_logits(block.d_output, self.value_table))
+        skew_view(block.tile, weights.shape[-1])[...] = weights
+        bins = self._bins(block, block.tile)
+        self.d_value += sum_to(np.matmul(np.swapaxes(bins, -1, -2), block.d_output),
+                               self.d_value.shape)
+
+    def d_logits(self, block: Block, d_logits: np.ndarray) -> None:
+        dx = self._bins(block, block.tile)
+        block.dq[...] += np.matmul(dx, self.key_table)
+        self.d_key += sum_to(np.matmul(np.swapaxes(dx, -1, -2), block.q), self.d_key.shape)
+
+
+class _DistanceRows(Term):
+    """A table of one row per distance, inside the scale: ``P_ij = q_i . rows[r_ij - low]``.
+
+    In the tile, columns ``0 .. L - 1`` are the table's rows ``start .. start + L - 1``
+    (the `window`): the term is ``q_B window^T``, its transposes
+    ``tile window`` (into dq) and ``tile^T q_B`` (into the rows).
+    """
+
+    skewed = True
+
+    def __init__(self, rows: np.ndarray, low: int, call: Call) -> None:
+        self.rows, self.low, self.call = rows, low, call
+        self.d_rows = np.zeros(rows.shape, dtype=rows.dtype)
+        self.store: dict[str, np.ndarray] = {}
+
+    def _start(self, block: Block) -> int:
+        r_first = -(block.b - 1) - self.call.q_offset  # the distance of tile column 0
+        return r_first - self.low
+
+    def position(self, block: Block, scores: np.ndarray) -> None:
+        length = block.scratch.shape[-1]
+        start = self._start(block)
+        window = self.rows[..., start : start + length, :]
+        q_block = block.q
+        if window.ndim == 2:  # shared: one GEMM for every head
+            shape = (*q_block.shape[:-1], length)
+            out = _scratch(self.store, shape, scores.dtype)
+            np.matmul(q_block.reshape(-1, q_block.shape[-1]), window.T,
+                      out=out.reshape(-1, length))
+        else:
+            out = np.matmul(q_block, np.swapaxes(window, -1, -2))
+        scores += skew_view(out, scores.shape[-1])
+
+    def d_logits(self, block: Block, d_logits: np.ndarray) -> None:
+        tile = block.tile
+        length = tile.shape[-1]
+        start = self._start(block)
+        window = self.rows[..., start : start + length, :]
+        target = self.d_rows[..., start : start + length, :]
+        q_block = np.broadcast_to(block.q, (*tile.shape[:-2], *block.q.shape[-2:]))
+        if window.ndim == 2:
+            flat = tile.reshape(-1, length)
+            block.dq[...] += (flat @ window).reshape(block.dq.shape)
+            target += flat.T @ q_block.reshape(-1, q_block.shape[-1])
+        else:
+            block.dq[...] += np.matmul(tile, window)
+            target += sum_to(np.matmul(np.swapaxes(tile, -1, -2), q_block), target.shape)
+
+
+# -- plain attention and the schemes that change q and k -------------------------------
+
+
+@_register("plain")
+def attention_vjp(
+    q, k, v, /, *, d_output, scale=None, mask=None, causal=None, q_offset=None, bias=None,
+    position=None,
+):
+    if not _ndarrays(q, k, v, d_output, mask, bias, position):
+        return NotImplemented
+    call = resolve_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset)
+    check_terms(q, call, bias=bias, position=position)
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
+    if not _covered(q, call, mask, k, v, d_output, bias, position):
+        return NotImplemented
+    term = None if bias is None and position is None else _FullTerms(position, bias)
+    core = backward(q, k, v, d_output, call, mask=mask, term=term)
+    return _grads(q, k, v, core, **({} if term is None else term.gradients(call.scale)))
+
+
+@_register("absolute")
+def absolute_attention_vjp(
+    q, k, v, table, /, *, d_output, scale=None, mask=None, causal=None, q_offset=None,
+):
+    if not _ndarrays(q, k, v, table, d_output, mask):
+        return NotImplemented
+    call = absolute.absolute_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset
+    )
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
+    if not _covered(q, call, mask, k, v, d_output, table):
+        return NotImplemented
+    rows = table[..., : call.t_k, :]
+    core = backward(q, k + rows, v, d_output, call, mask=mask)  # q . (k_j + R_j)
+    d_table = np.zeros(table.shape, dtype=table.dtype)
+    d_table[..., : call.t_k, :] = sum_to(core.dk, rows.shape)
+    return _grads(q, k, v, core, table=d_table)
+
+
+@_register("rope")
+def rope_attention_vjp(
+    q, k, v, /, *, d_output, base=10000.0, rotary_dim=None, layout="half", scale=None,
+    mask=None, causal=None, q_offset=None,
+):
+    if not _ndarrays(q, k, v, d_output, mask):
+        return NotImplemented
+    call = rope.rope_call(
+        q, k, v, base=base, rotary_dim=rotary_dim, layout=layout, scale=scale, mask=mask,
+        causal=causal, q_offset=q_offset,
+    )
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
+    if not _covered(q, call, mask, k, v, d_output):
+        return NotImplemented
+    opts = {"base": base, "rotary_dim": rotary_dim, "layout": layout}
+    q_rot = rope.rope_rotate(q, offset=call.q_offset, **opts)
+    k_rot = rope.rope_rotate(k, offset=0, **opts)
+    core = backward(q_rot, k_rot, v, d_output, call, mask=mask)
+    dq = rope.rope_rotate(sum_to(core.dq, q.shape), offset=call.q_offset, inverse=True, **opts)
+    dk = rope.rope_rotate(sum_to(core.dk, k.shape), offset=0, inverse=True, **opts)
+    return {"q": dq, "k": dk, "v": sum_to(core.dv, v.shape)}
+
+
+# -- scalar biases: a column constant of the skewed tile ------------------------------
+
+
+def _scalar_table_vjp(q, k, v, d_output, call, mask, row, table, index, valid):
+    term = _DistanceBias(row)
+    core = backward(q, k, v, d_output, call, mask=mask, term=term)
+    per_head = sum_to(term.sums, (*table.shape[:-1], term.sums.shape[-1]))
+    onehot = _onehot(index, valid, table.shape[-1], table.dtype)
+    return _grads(q, k, v, core, table=per_head @ onehot)
+
+
+@_register("bias")
+def bias_attention_vjp(
+    q, k, v, table, /, *, d_output, scale=None, mask=None, causal=None, q_offset=None,
+    beyond="clip",
+):
+    if not _ndarrays(q, k, v, table, d_output, mask):
+        return NotImplemented
+    call = bias.bias_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, beyond=beyond
+    )
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
+    if not _covered(q, call, mask, k, v, d_output, table):
+        return NotImplemented
+    row = _by_distance_row(
+        lambda t_q, t_k, off: bias.bias_logits(table, t_q, t_k, q_offset=off, beyond=beyond),
+        call,
+    )  # beyond="error" raises here, as the specification's bias_logits does
+    k_max = (table.shape[-1] - 1) // 2
+    r_min, n = _distances(call)
+    r = np.arange(r_min, r_min + n)
+    index = np.clip(r, -k_max, k_max) + k_max
+    valid = (np.abs(r) <= k_max) | (beyond != "zero")
+    return _scalar_table_vjp(q, k, v, d_output, call, mask, row, table, index, valid)
+
+
+@_register("t5")
+def t5_attention_vjp(
+    q, k, v, table, /, *, d_output, scale=None, mask=None, causal=None, q_offset=None,
+    bidirectional=True, max_distance=128,
+):
+    if not _ndarrays(q, k, v, table, d_output, mask):
+        return NotImplemented
+    call = t5.t5_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
+        bidirectional=bidirectional, max_distance=max_distance,
+    )
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
+    if not _covered(q, call, mask, k, v, d_output, table):
+        return NotImplemented
+    row = _by_distance_row(
+        lambda t_q, t_k, off: t5.t5_bias(
+            table, t_q, t_k, q_offset=off, bidirectional=bidirectional, max_distance=max_distance
+        ),
+        call,
+    )
+    r_min, n = _distances(call)
+    bucket = np.asarray(t5.t5_bucket(np.arange(r_min, r_min + n), num_buckets=table.shape[-1],
+                                     max_distance=max_distance, bidirectional=bidirectional))
+    every = np.ones(n, dtype=bool)
+    return _scalar_table_vjp(q, k, v, d_output, call, mask, row, table, bucket, every)
+
+
+@_register("alibi")
+def alibi_attention_vjp(
+    q, k, v, /, *, d_output, slopes=None, symmetric=True, scale=None, mask=None, causal=None,
+    q_offset=None,
+):
+    if not _ndarrays(q, k, v, slopes, d_output, mask):
+        return NotImplemented
+    call, used = alibi.alibi_call(
+        q, k, v, slopes=slopes, symmetric=symmetric, scale=scale, mask=mask, causal=causal,
+        q_offset=q_offset,
+    )
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
+    if not _covered(q, call, mask, k, v, d_output, used):
+        return NotImplemented
+    row = _by_distance_row(
+        lambda t_q, t_k, off: alibi.alibi_bias(used, t_q, t_k, q_offset=off,
+                                               symmetric=symmetric),
+        call,
+    )
+    term = _DistanceBias(row)
+    core = backward(q, k, v, d_output, call, mask=mask, term=term)
+    r_min, n = _distances(call)
+    r = np.arange(r_min, r_min + n).astype(used.dtype)
+    distance = -np.abs(r) if symmetric else r
+    return _grads(q, k, v, core, slopes=term.sums @ distance)
+
+
+# -- relative tables -------------------------------------------------------------------
+
+
+def _values_widened_by_v(q, k, v, d_output, mask) -> bool:
+    # Whether v's leading axes widen the output beyond those of the weights (q, k, the
+    # mask) and d_output. The specification's value-table gradient
+    # (`binned_values_vjp`) then sums over the weights' and d_output's batch alone,
+    # which counts the broadcast copies of the value term once; the kernel, which
+    # counts each, hands such calls to the specification so that both agree.
+    weights = np.broadcast_shapes(q.shape[:-2], k.shape[:-2],
+                                  mask.shape[:-2] if mask is not None and mask.ndim > 2 else ())
+    without_v = np.broadcast_shapes(weights, d_output.shape[:-2])
+    return np.broadcast_shapes(without_v, v.shape[:-2]) != without_v
+
+
+@_register("shaw")
+def shaw_attention_vjp(
+    q, k, v, key_table, value_table=None, /, *, d_output, scale=None, mask=None, causal=None,
+    q_offset=None, beyond="clip",
+):
+    """Declines a value table when ``v``'s leading axes widen the output (see
+    `_values_widened_by_v`)."""
+    if not _ndarrays(q, k, v, key_table, value_table, d_output, mask):
+        return NotImplemented
+    call = shaw.shaw_call(
+        q, k, v, key_table, value_table, scale=scale, mask=mask, causal=causal,
+        q_offset=q_offset, beyond=beyond, method="efficient",
+    )
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
+    k_max = (key_table.shape[-2] - 1) // 2
+    if beyond == "error":  # as the specification's shaw_index, on the host
+        check_distances_in_table(call.t_q, call.t_k, q_offset=call.q_offset, low=-k_max,
+                                 high=k_max, what=f"max_distance={k_max}")
+    if not _covered(q, call, mask, k, v, d_output, key_table, value_table):
+        return NotImplemented
+    if value_table is not None and _values_widened_by_v(q, k, v, d_output, mask):
+        return NotImplemented
+    term = _ClippedTable(q, key_table, value_table, call, clip=beyond != "zero")
+    core = backward(q, k, v, d_output, call, mask=mask, term=term)
+    grads = _grads(q, k, v, core, key_table=term.d_key * call.scale)
+    if value_table is not None:
+        grads["value_table"] = term.d_value
+    return grads
+
+
+@_register("general")
+def general_attention_vjp(
+    q, k, v, table, /, *, d_output, scale=None, mask=None, causal=None, q_offset=None,
+    order="past_to_future",
+):
+    if not _ndarrays(q, k, v, table, d_output, mask):
+        return NotImplemented
+    call = general.general_call(
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, order=order,
+        method="efficient",
+    )
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
+    if not _covered(q, call, mask, k, v, d_output, table):
+        return NotImplemented
+    t_max = (table.shape[-2] + 1) // 2
+    ordered = table if order == "past_to_future" else table[..., ::-1, :]
+    term = _DistanceRows(ordered, 1 - t_max, call)
+    core = backward(q, k, v, d_output, call, mask=mask, term=term)
+    d_rows = term.d_rows * call.scale
+    return _grads(q, k, v, core,
+                  table=d_rows if order == "past_to_future" else d_rows[..., ::-1, :].copy())
+
+
+@_register("music")
+def music_attention_vjp(
+    q, k, v, table, value_table=None, /, *, d_output, scale=None, mask=None, causal=None,
+    q_offset=None, beyond="clip",
+):
+    """Declines a value table (the specification's binned values run instead)."""
+    if not _ndarrays(q, k, v, table, value_table, d_output, mask):
+        return NotImplemented
+    call = music.music_call(
+        q, k, v, table, value_table, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
+        beyond=beyond, method="efficient",
+    )
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
+    if value_table is not None or not _covered(q, call, mask, k, v, d_output, table):
+        return NotImplemented
+    policy = "zero" if beyond == "zero" else "clip"  # "error" checked: every r has a row
+    r_min, n = _distances(call)
+    extended = one_sided_rows(table, r_min, r_min + n - 1, policy)
+    term = _DistanceRows(extended, r_min, call)
+    core = backward(q, k, v, d_output, call, mask=mask, term=term)
+    return _grads(q, k, v, core,
+                  table=_fold_one_sided(term.d_rows * call.scale, table, r_min, policy))
+
+
+def _fold_one_sided(d_rows: np.ndarray, table: np.ndarray, r_min: int,
+                    beyond: str) -> np.ndarray:
+    # The transpose of `one_sided_rows`: distance r's row into table row r + M - 1 for
+    # -(M - 1) <= r <= 0, every earlier distance into row 0 with "clip", none after 0.
+    m = table.shape[-2]
+    n = d_rows.shape[-2]
+    out = np.zeros(table.shape, dtype=table.dtype)
+    lo = max(-(m - 1), r_min)
+    hi = min(0, r_min + n - 1)
+    if hi >= lo:
+        out[..., lo + m - 1 : hi + m, :] = d_rows[..., lo - r_min : hi - r_min + 1, :]
+    if beyond == "clip" and r_min < -(m - 1):
+        out[..., 0, :] += d_rows[..., : -(m - 1) - r_min, :].sum(axis=-2)
+    return out

@@ -1,0 +1,438 @@
+"""The NumPy backward-pass kernels equal the specification's VJPs, and the dispatcher uses them.
+
+For every scheme with a VJP kernel, hypothesis draws shapes (``t_q != t_k``,
+empty grids, batch and heads broadcast between ``q``, ``k`` and ``v``),
+offsets, causality, masks (random, empty rows, broadcast leading axes), the
+scheme's policies and options, shared and per-head tables, dtypes and row
+blocks; the kernel called directly must return the specification's gradients
+(``relpos_ref.kernels.disabled``) to the rounding of a reordered sum, or
+``NotImplemented`` where it documents that it may (`_may_decline`). Bad input
+gets the specification's error word for word; non-finite input goes to the
+specification; the public ``*_attention_vjp`` runs the kernel on an ordinary
+NumPy call and the specification when kernels are disabled. The skewed
+tile's building blocks are checked against their definitions.
+"""
+
+from __future__ import annotations
+
+import inspect
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import relpos_ref as rp
+from relpos_ref import catalog, kernels
+from relpos_ref.kernels import _numpy_vjp
+from relpos_ref.kernels._numpy_vjp import column_ranges, skew_view
+
+VJP_KERNELS = kernels.vjp_kernels("numpy")
+COVERED = ["plain", "absolute", "alibi", "bias", "general", "music", "rope", "shaw", "t5"]
+RTOL = {"float64": 1e-10, "float32": 2e-4}
+
+
+def _public(scheme):
+    return "attention_vjp" if scheme == "plain" else f"{scheme}_attention_vjp"
+
+
+def _spec_function(scheme):
+    return getattr(rp, _public(scheme)).__wrapped__
+
+
+def test_the_vjp_kernels_are_those_of_the_covered_schemes():
+    assert sorted(VJP_KERNELS) == sorted(COVERED)
+    assert set(VJP_KERNELS) <= set(catalog.names(plain=True))
+
+
+# -- drawing calls ------------------------------------------------------------------
+
+
+def _mask(draw, rng, t_q, t_k):
+    kind = draw(st.sampled_from(["none", "random", "empty rows", "broadcast", "row"]))
+    if kind == "none":
+        return None
+    if kind == "random":
+        return rng.random((t_q, t_k)) < 0.7
+    if kind == "empty rows":
+        mask = rng.random((t_q, t_k)) < 0.8
+        mask[::2] = False
+        return mask
+    if kind == "broadcast":  # leading axes of its own: the gradients' batch widens
+        return rng.random((2, 1, t_q, t_k)) < 0.7
+    return rng.random((1, t_k)) < 0.7
+
+
+def _options(draw, scheme, t_q, t_k, q_offset):
+    """The scheme's sizes (for its tables) and options; q_offset may change."""
+    sizes, options = {}, {}
+    if scheme in ("shaw", "bias"):
+        sizes["K"] = draw(st.integers(0, 4))
+        options["beyond"] = draw(st.sampled_from(["clip", "zero", "error"]))
+    elif scheme == "music":
+        sizes["M"] = draw(st.integers(1, 12))
+        options["beyond"] = draw(st.sampled_from(["clip", "zero", "error"]))
+        q_offset = draw(st.sampled_from([t_k - t_q, q_offset]))
+    elif scheme == "general":
+        reach = max(abs(t_q - 1 + q_offset), abs(t_k - 1 - q_offset))
+        sizes["t_max"] = max(t_q, t_k, reach + 1, 1) + draw(st.integers(0, 3))
+        options["order"] = draw(st.sampled_from(["past_to_future", "future_to_past"]))
+    elif scheme == "t5":
+        sizes["buckets"] = draw(st.sampled_from([4, 8, 16]))
+        options["bidirectional"] = draw(st.booleans())
+        options["max_distance"] = draw(st.integers(sizes["buckets"] // 2, 20))
+    elif scheme == "alibi":
+        options["symmetric"] = draw(st.booleans())
+    elif scheme == "rope":
+        options["layout"] = draw(st.sampled_from(["half", "interleaved"]))
+        options["rotary_dim"] = draw(st.sampled_from([None, 2]))
+    elif scheme == "absolute":
+        sizes["rows"] = t_k + draw(st.integers(0, 3))
+    return sizes, options, q_offset
+
+
+@st.composite
+def vjp_calls(draw, scheme):
+    """(args, kwargs) of one ``*_attention_vjp`` call on NumPy arrays."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    dtype = draw(st.sampled_from(["float32", "float64"]))
+    heads, d, d_v = draw(st.integers(1, 3)), 4, 3
+    t_q, t_k = draw(st.integers(0, 9)), draw(st.integers(0, 9))
+    sizes, options, q_offset = _options(draw, scheme, t_q, t_k, draw(st.integers(-4, 8)))
+    per_head = draw(st.booleans())
+
+    def normal(*shape):
+        return (rng.standard_normal(shape) * 2).astype(dtype)
+
+    # leading axes: q, k, v each (heads,) or (2, heads) or a broadcast (1, heads)
+    leads = [(heads,), (2, heads), (1, heads)]
+    lead_q, lead_k, lead_v = (draw(st.sampled_from(leads)) for _ in range(3))
+    q, k, v = normal(*lead_q, t_q, d), normal(*lead_k, t_k, d), normal(*lead_v, t_k, d_v)
+    mask = _mask(draw, rng, t_q, t_k)
+    batch = np.broadcast_shapes(lead_q, lead_k, lead_v,
+                                mask.shape[:-2] if mask is not None and mask.ndim > 2 else ())
+    d_lead = draw(st.sampled_from([batch, batch[-1:], ()]))
+    kwargs = dict(options, mask=mask, d_output=normal(*d_lead, t_q, d_v),
+                  scale=draw(st.sampled_from([None, 0.7, -0.3])), q_offset=q_offset,
+                  causal=draw(st.sampled_from([None, True, False])))
+    tables = ()
+    if scheme == "plain":
+        if draw(st.booleans()):
+            kwargs["position"] = normal(*draw(st.sampled_from([(t_q, t_k), (t_k,)])))
+        if draw(st.booleans()):
+            kwargs["bias"] = normal(*draw(st.sampled_from([(heads, t_q, t_k),
+                                                           (heads, t_q, 1)])))
+    else:
+        entry = catalog.get(scheme)
+        switches = {t.switch: draw(st.booleans()) for t in entry.tables if t.switch}
+        shapes = entry.table_shapes(sizes, d=d, d_v=d_v, heads=heads if per_head else None,
+                                    include=switches)
+        tables = entry.table_args({name: normal(*shape) for name, shape in shapes.items()})
+    if scheme == "alibi" and draw(st.booleans()):
+        kwargs["slopes"] = (rng.random(heads) + 0.1).astype(dtype)
+    return (q, k, v, *tables), kwargs
+
+
+def _may_decline(scheme, args, kwargs):
+    """Whether the kernel may hand this call to the specification (see its docstring)."""
+    mask, t_q, t_k = kwargs.get("mask"), args[0].shape[-2], args[1].shape[-2]
+    if mask is not None and (mask.ndim < 2 or mask.shape[-2:] != (t_q, t_k)):
+        return True  # a mask broadcast along queries or keys: the specification refuses it
+    if scheme == "music":
+        return len(args) > 4 and args[4] is not None  # a relative value table
+    if scheme == "shaw" and len(args) > 4 and args[4] is not None:
+        return _v_widens_the_output(args, kwargs)
+    return False
+
+
+def _v_widens_the_output(args, kwargs):
+    q, k, v = args[:3]
+    mask = kwargs.get("mask")
+    mask_batch = mask.shape[:-2] if mask is not None and mask.ndim > 2 else ()
+    without_v = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], mask_batch,
+                                    kwargs["d_output"].shape[:-2])
+    return np.broadcast_shapes(without_v, v.shape[:-2]) != without_v
+
+
+def _errors_alike(call):
+    try:
+        return ("ok", call())
+    except (TypeError, ValueError) as exc:
+        return (type(exc), str(exc))
+
+
+def _assert_gradients_equal(got, want):
+    assert isinstance(got, dict) and list(got) == list(want)
+    rtol = RTOL[str(next(iter(want.values())).dtype)]
+    size = max((float(np.max(np.abs(w), initial=0)) for w in want.values()), default=0)
+    for name, w in want.items():
+        g = got[name]
+        assert type(g) is np.ndarray and g.dtype == w.dtype and g.shape == w.shape, name
+        # atol: a gradient's rounding scales with the largest entries of the call
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * max(size, 1e-3), err_msg=name)
+
+
+def _spec(scheme, args, kwargs):
+    with kernels.disabled():
+        return getattr(rp, _public(scheme))(*args, **kwargs)
+
+
+@pytest.mark.parametrize("scheme", COVERED)
+@settings(max_examples=max(60, settings.default.max_examples))  # small calls: cheap
+@given(data=st.data(), block=st.sampled_from([64, 700, 2**21]))
+def test_vjp_kernel_equals_the_specification(scheme, data, block):
+    args, kwargs = data.draw(vjp_calls(scheme))
+    with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", block):
+        direct = _errors_alike(lambda: VJP_KERNELS[scheme](*args, **kwargs))
+    want = _errors_alike(lambda: _spec(scheme, args, kwargs))
+    if direct[1] is NotImplemented:
+        assert _may_decline(scheme, args, kwargs), "the kernel declined a call it covers"
+    elif want[0] == "ok":
+        _assert_gradients_equal(direct[1], want[1])
+    else:  # the kernel refuses what the specification refuses, word for word
+        assert direct == want
+
+
+def _typical(scheme, dtype=np.float64, t_q=6, t_k=7):
+    """A per-head call with every table, a mask and an offset, as (args, kwargs)."""
+    rng = np.random.default_rng(1)
+    entry = None if scheme == "plain" else catalog.get(scheme)
+    q = rng.standard_normal((2, t_q, 4)).astype(dtype)
+    k = rng.standard_normal((2, t_k, 4)).astype(dtype)
+    v = rng.standard_normal((2, t_k, 3)).astype(dtype)
+    kwargs = {"d_output": rng.standard_normal((2, t_q, 3)).astype(dtype),
+              "mask": rng.random((t_q, t_k)) < 0.8}
+    tables = ()
+    if entry is not None:
+        params = {"t_q": t_q, "t_k": t_k, "K": 2, "M": 6, "t_max": max(t_q, t_k) + 2,
+                  "buckets": 8, "rows": t_k + 1}
+        shapes = entry.table_shapes(entry.sizes_from(params), d=4, d_v=3, heads=2)
+        tables = tuple(rng.standard_normal(shapes[t.name]).astype(dtype)
+                       for t in entry.tables if t.name in shapes)
+        kwargs.update(entry.options_from(params))
+        if scheme == "t5":
+            kwargs["max_distance"] = 6
+        if scheme == "music":
+            tables = tables[:1]
+    if scheme != "music":
+        kwargs["q_offset"] = 1
+    return (q, k, v, *tables), kwargs
+
+
+@pytest.mark.parametrize("scheme", COVERED)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+def test_vjp_kernel_runs_a_typical_call_and_returns_fresh_arrays(scheme, dtype):
+    args, kwargs = _typical(scheme, dtype)
+    got = VJP_KERNELS[scheme](*args, **kwargs)
+    assert got is not NotImplemented
+    want = _spec(scheme, args, kwargs)
+    if dtype == np.float16:  # both in float32 inside, rounded to float16 at the end
+        assert all(g.dtype == np.float16 for g in got.values())
+        for name, w in want.items():
+            np.testing.assert_allclose(got[name].astype(np.float32), w.astype(np.float32),
+                                       rtol=1e-2, atol=1e-2, err_msg=name)
+    else:
+        _assert_gradients_equal(got, want)
+    for g in got.values():
+        assert g.flags.writeable
+        assert not any(np.shares_memory(g, a) for a in (*args, kwargs["d_output"]))
+
+
+@pytest.mark.parametrize("scheme", COVERED)
+def test_vjp_kernel_covers_long_causal_calls_block_by_block(scheme):
+    # many row blocks, the causal width growing block by block, t_q != t_k
+    args, kwargs = _typical(scheme, np.float64, t_q=37, t_k=45)
+    kwargs["causal"] = True
+    with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", 2 * 8 * 45 * 5):
+        got = VJP_KERNELS[scheme](*args, **kwargs)
+    _assert_gradients_equal(got, _spec(scheme, args, kwargs))
+
+
+# -- what the kernels hand back, and errors -----------------------------------------
+
+
+@pytest.mark.parametrize("scheme", COVERED)
+@pytest.mark.parametrize("where", ["q", "k", "v", "d_output"])
+def test_non_finite_input_goes_to_the_specification(scheme, where):
+    # NaN or inf where only masked pairs read it (a masked key's k and v, the queries of
+    # an empty row): the specification's guarantee, so the kernel hands the call over
+    args, kwargs = _typical(scheme)
+    mask = np.ones((6, 7), dtype=bool)
+    mask[:, 1] = False
+    mask[2] = False
+    arrays = {"q": args[0], "k": args[1], "v": args[2], "d_output": kwargs["d_output"]}
+    bad = arrays[where] = arrays[where].copy()
+    bad[..., 2 if where in ("q", "d_output") else 1, :] = np.inf if where == "v" else np.nan
+    args = (arrays["q"], arrays["k"], arrays["v"], *args[3:])
+    kwargs = dict(kwargs, d_output=arrays["d_output"], mask=mask)
+    assert VJP_KERNELS[scheme](*args, **kwargs) is NotImplemented
+    public = getattr(rp, _public(scheme))(*args, **kwargs)
+    want = _spec(scheme, args, kwargs)
+    for name, w in want.items():
+        np.testing.assert_array_equal(public[name], w, err_msg=name)
+    if where != "d_output":
+        assert all(np.isfinite(g).all() for name, g in want.items() if name != where)
+
+
+def test_shaw_hands_over_value_tables_whose_term_v_broadcasts():
+    # v with more leading axes than q, k, the mask and d_output: the specification sums
+    # the value table's gradient over the latter's batch only (each broadcast copy of the
+    # value term once, half the finite difference here); the kernel hands the call over,
+    # so that the public function gives the specification's answer with kernels or not
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(shape) for shape in ((1, 3, 4), (1, 3, 4), (2, 1, 3, 3)))
+    key_table, value_table = rng.standard_normal((5, 4)), rng.standard_normal((5, 3))
+    d_output = rng.standard_normal((1, 3, 3))
+    args = (q, k, v, key_table, value_table)
+    assert VJP_KERNELS["shaw"](*args, d_output=d_output) is NotImplemented
+    assert VJP_KERNELS["shaw"](*args[:4], d_output=d_output) is not NotImplemented
+    wide = rng.standard_normal((2, 1, 3, 3))  # d_output of v's batch: covered
+    _assert_gradients_equal(VJP_KERNELS["shaw"](*args, d_output=wide),
+                            _spec("shaw", args, {"d_output": wide}))
+    public = rp.shaw_attention_vjp(*args, d_output=d_output)
+    want = _spec("shaw", args, {"d_output": d_output})
+    for name, w in want.items():
+        np.testing.assert_array_equal(public[name], w)
+
+
+@pytest.mark.parametrize("scheme", COVERED)
+def test_non_numpy_arrays_and_other_dtypes_go_to_the_specification(scheme):
+    args, kwargs = _typical(scheme)
+    subclass = (np.ma.masked_array(args[0]), *args[1:])
+    assert VJP_KERNELS[scheme](*subclass, **kwargs) is NotImplemented
+    if hasattr(np, "longdouble") and np.dtype(np.longdouble) != np.dtype(np.float64):
+        wide = tuple(a.astype(np.longdouble) for a in args)
+        wide_kwargs = dict(kwargs, d_output=kwargs["d_output"].astype(np.longdouble))
+        assert VJP_KERNELS[scheme](*wide, **wide_kwargs) is NotImplemented
+
+
+def _bad_d_outputs(args, kwargs):
+    q = args[0]
+    good = kwargs["d_output"]
+    return [
+        None,
+        good[..., :1, :].repeat(3, axis=-2),  # the wrong number of queries
+        np.zeros((5, *good.shape)),  # a batch the output does not have
+        good.astype(np.float32),  # q is float64
+        good.astype(np.int64),
+        np.zeros(q.shape[-2]),  # one dimension
+    ]
+
+
+@pytest.mark.parametrize("scheme", COVERED)
+def test_bad_input_gets_the_specifications_error_word_for_word(scheme):
+    args, kwargs = _typical(scheme)
+    cases = [dict(kwargs, d_output=bad) for bad in _bad_d_outputs(args, kwargs)]
+    cases += [dict(kwargs, mask=np.ones((3, 3), dtype=bool)), dict(kwargs, scale=float("nan")),
+              dict(kwargs, causal="yes")]
+    if scheme in ("bias", "shaw"):
+        cases.append(dict(kwargs, beyond="error", q_offset=40))
+    if scheme == "music":
+        cases.append(dict(kwargs, beyond="error", q_offset=40))
+    bad_args = [(args[0].astype(np.float32), *args[1:])]  # q float32, k float64
+    calls = [(args, c) for c in cases] + [(a, kwargs) for a in bad_args]
+    for call_args, call_kwargs in calls:
+        direct = _errors_alike(lambda a=call_args, c=call_kwargs: VJP_KERNELS[scheme](*a, **c))
+        public = _errors_alike(lambda a=call_args, c=call_kwargs: getattr(
+            rp, _public(scheme))(*a, **c))
+        want = _errors_alike(lambda a=call_args, c=call_kwargs: _spec(scheme, a, c))
+        assert want[0] in (TypeError, ValueError), call_kwargs
+        assert direct == want
+        assert public == want
+
+
+# -- dispatch -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", COVERED)
+def test_the_public_vjp_runs_the_kernel_and_the_specification_when_disabled(scheme):
+    args, kwargs = _typical(scheme)
+    assert kernels.kernel_for(scheme, (*args, *kwargs.values()), vjp=True) is VJP_KERNELS[
+        scheme]
+    seen = []
+    original = VJP_KERNELS[scheme]
+
+    def spy(*a, **k):
+        seen.append(1)
+        return original(*a, **k)
+
+    spec = _spec_function(scheme)
+    spec_calls = []
+    with mock.patch.dict(VJP_KERNELS, {scheme: spy}):
+        public = getattr(rp, _public(scheme))(*args, **kwargs)
+        assert seen == [1]
+        with kernels.disabled():
+            assert kernels.kernel_for(scheme, args, vjp=True) is None
+            without = getattr(rp, _public(scheme))(*args, **kwargs)
+        assert seen == [1]
+    with mock.patch.dict(VJP_KERNELS, {scheme: lambda *a, **k: spec_calls.append(1)
+                                       or NotImplemented}):
+        handed = getattr(rp, _public(scheme))(*args, **kwargs)
+    assert spec_calls == [1]
+    want = spec(*args, **kwargs)
+    for name, w in want.items():
+        np.testing.assert_array_equal(without[name], w)
+        np.testing.assert_array_equal(handed[name], w)
+        np.testing.assert_allclose(public[name], w, rtol=1e-10, atol=1e-12)
+
+
+def test_the_public_vjps_are_the_specification_behind_the_dispatcher():
+    from relpos_ref import gradients
+
+    for scheme in catalog.names(plain=True):
+        public = getattr(rp, _public(scheme))
+        spec = gradients.attention_vjp if scheme == "plain" else catalog.get(scheme).vjp
+        assert public.__wrapped__ is spec
+        assert public.__name__ == spec.__name__ and public.__doc__ == spec.__doc__
+        assert inspect.signature(public) == inspect.signature(spec)
+        if scheme != "plain":
+            assert catalog.get(scheme).vjp.__module__.startswith("relpos_ref.schemes")
+
+
+def test_vjp_kernels_only_for_numpy_and_not_the_forward_table():
+    import array_api_strict
+
+    q = np.eye(3)
+    assert kernels.kernel_for("shaw", (q,), vjp=True) is VJP_KERNELS["shaw"]
+    assert kernels.kernel_for("shaw", (q,)) is kernels.kernels("numpy")["shaw"]
+    assert kernels.kernel_for("shaw", (array_api_strict.asarray(q),), vjp=True) is None
+    assert kernels.kernel_for("deberta", (q,), vjp=True) is None  # the specification runs
+    assert dict(kernels.vjp_kernels("array_api_strict")) == {}
+
+
+def test_the_environment_variable_turns_the_vjp_kernels_off(monkeypatch):
+    monkeypatch.setenv(kernels.ENV_VAR, "0")
+    assert kernels.kernel_for("plain", (np.eye(3),), vjp=True) is None
+
+
+# -- building blocks ------------------------------------------------------------------
+
+
+@given(rows=st.integers(1, 7), width=st.integers(0, 9), batch=st.sampled_from([(), (2,)]))
+def test_skew_view_is_the_skewed_layout_and_writes_nothing_else(rows, width, batch):
+    tile = np.zeros((*batch, rows, width + rows - 1))
+    view = skew_view(tile, width)
+    values = np.arange(np.prod((*batch, rows, width)), dtype=float).reshape(*batch, rows, width)
+    view[...] = values + 1
+    inside = np.zeros(tile.shape[-2:], dtype=bool)
+    for i in range(rows):
+        for j in range(width):
+            assert np.array_equal(tile[..., i, j + rows - 1 - i], values[..., i, j] + 1)
+        inside[i, rows - 1 - i : rows - 1 - i + width] = True
+    assert not tile[..., ~inside].any()  # the triangles stay zero
+    assert np.array_equal(view, values + 1)
+
+
+@given(first=st.integers(-12, 12), n_cols=st.integers(0, 10), rows=st.integers(1, 6),
+       clip=st.booleans())
+def test_column_ranges_follow_the_clipped_reading(first, n_cols, rows, clip):
+    left, lo, hi, right = column_ranges(first, n_cols, rows, clip=clip)
+    for c in range(n_cols):
+        m = c - first
+        if 0 <= m < rows:
+            assert lo <= c < hi
+        elif clip:
+            assert (c < left) if m < 0 else (c >= right)
+        else:
+            assert left == 0 and right == n_cols and not lo <= c < hi
