@@ -172,6 +172,8 @@ def forward(q: Any, k: Any, call: Call, *, mask: Any = None, position: Any = Non
     xp = call.xp
     allowed = allowed_keys(call.t_q, call.t_k, mask=mask, causal=call.causal,
                            q_offset=call.q_offset, xp=xp, device=_xp.device(q))
+    if allowed is not None:  # a mask of shape (t_k,), (1, t_k), (t_q, 1) or (): every pair
+        allowed = xp.broadcast_to(allowed, (*allowed.shape[:-2], call.t_q, call.t_k))
     content = xp.matmul(q, xp.matrix_transpose(k))
     logits = compose_logits(content, scale=call.scale, position=position, bias=bias)
     return Forward(masked_softmax(logits, allowed=allowed), allowed)

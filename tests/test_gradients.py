@@ -463,3 +463,43 @@ def test_big_float16_inputs_do_not_overflow():
     grads = rp.attention_vjp(q, k, v, d_output=np.ones((3, 4), dtype=np.float16))
     assert all(np.isfinite(g).all() for g in grads.values())
     np.testing.assert_array_equal(grads["v"], np.full((3, 4), 1.0, dtype=np.float16))
+
+
+# -- broadcast masks, cotangents and values ------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@given(data=st.data())
+def test_a_mask_that_broadcasts_over_pairs_gives_the_full_masks_gradients(scheme, data):
+    # (t_k,), (1, t_k), (t_q, 1) and () masks work in the forward pass; the backward pass
+    # gives what the mask broadcast to (t_q, t_k) gives (they crashed it before)
+    case = data.draw(cases(scheme))
+    names, values, kwargs, _, out = _valid_forward(case)
+    t_q, t_k = case.parameters["t_q"], case.parameters["t_k"]
+    rng = np.random.default_rng(case.seed)
+    shape = data.draw(st.sampled_from([(t_k,), (1, t_k), (t_q, 1), ()]))
+    mask = rng.random(shape) < 0.7 if shape else np.asarray(True)
+    d_output = _d_output(case, out)
+    with rp.kernels.disabled():
+        got = vjp_of(case, d_output, names, values, kwargs, mask)
+        want = vjp_of(case, d_output, names, values, kwargs, np.broadcast_to(mask, (t_q, t_k)))
+    _close(got, want)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@given(data=st.data())
+def test_a_cotangent_that_broadcasts_gives_the_broadcast_cotangents_gradients(scheme, data):
+    # v with more leading axes than q, k and the mask widens the output; a d_output of the
+    # narrower shape broadcasts to it, and every gradient must count each broadcast copy
+    # (Shaw's and Music's value tables counted one before)
+    case = data.draw(cases(scheme))
+    names, values, kwargs, mask, out = _valid_forward(case)
+    by_name = dict(zip(names, values, strict=True))
+    wide = np.stack([by_name["v"], by_name["v"][..., ::-1] * 0.5])  # (2, b, h, t_k, d)
+    values = [wide if n == "v" else x for n, x in zip(names, values, strict=True)]
+    narrow = _d_output(case, out)  # (b, h, t_q, d): broadcasts to (2, b, h, t_q, d)
+    with rp.kernels.disabled():
+        got = vjp_of(case, narrow, names, values, kwargs, mask)
+        full = np.broadcast_to(narrow, (2, *narrow.shape))
+        want = vjp_of(case, full, names, values, kwargs, mask)
+    _close(got, want)

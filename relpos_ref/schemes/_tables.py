@@ -331,6 +331,7 @@ def binned_scalars_vjp(
 def binned_values_vjp(
     weights: Any, d_output: Any, table: Any, index: Any, valid: Any, /, *, low: int,
     high: int, q_offset: int, clip: bool, clip_future: bool = True,
+    output_batch: tuple[int, ...] = (),
 ) -> tuple[Any, Any]:
     r"""Transpose of :math:`z_i = \sum_j w_{ij}\, a_{\text{row}(r_{ij})}` by distance bins.
 
@@ -338,12 +339,15 @@ def binned_values_vjp(
               \bar{a} = \sum_\text{batch} W^{\text{bin}\top} \bar{o}
 
     `index` and `valid` are the ``(t_q, t_k)`` table rows of the pairs.
+    ``output_batch`` is the batch of the attention output where it is wider
+    than the weights' (a ``v`` with more leading axes): the term ``z`` is
+    broadcast there, so its cotangent is ``d_output`` broadcast to that batch.
     Returns ``(d_weights, d_table)``; masked pairs of ``d_weights`` are
     zeroed by the caller (with the rest of :math:`\bar{w}`).
     """
     xp = _xp.array_namespace(weights, d_output, table)
     batch = broadcast_shapes(weights=tuple(weights.shape[:-2]),
-                             d_output=tuple(d_output.shape[:-2]))
+                             d_output=tuple(d_output.shape[:-2]), output=tuple(output_batch))
     d_out = xp.broadcast_to(d_output, (*batch, weights.shape[-2], table.shape[-1]))
     per_row = dot_rows(d_out, table)  # (..., t_q, n): o_i . a_c
     zero = xp.zeros((), dtype=weights.dtype, device=_xp.device(weights))
@@ -372,8 +376,9 @@ def binned_keys_values_vjp(
     d_weights = None
     if value_table is not None:
         index, valid = value_rows()
-        d_weights, grads[names[1]] = binned_values_vjp(fwd.weights, d_output, value_table,
-                                                       index, valid, **bins)
+        d_weights, grads[names[1]] = binned_values_vjp(
+            fwd.weights, d_output, value_table, index, valid, **bins,
+            output_batch=tuple(v.shape[:-2]))
     core = core_vjp(q, k, v, d_output, call, fwd, d_weights=d_weights)
     dq_table, d_key_table = binned_rows_vjp(core.d_logits * call.scale, q, key_table, **bins,
                                             allowed=fwd.allowed)
