@@ -52,6 +52,9 @@ class StrictBackend(Backend):
     def to_numpy(self, x: Any) -> Any:
         import numpy as np
 
+        cpu = self._device(None)
+        if x.device != cpu:  # "device1", say, refuses NumPy as a GPU's memory does
+            x = x.to_device(cpu)
         return np.from_dlpack(x).copy()
 
     @contextlib.contextmanager

@@ -2,8 +2,10 @@
 
 The ``backend`` fixture (and ``xp``, its namespace) parametrizes a test over
 every array library selected by ``RELPOS_BACKENDS`` (all by default): NumPy,
-array-api-strict in a pinned and a "strictest" profile, torch on the CPU and
-CUDA, JAX, CuPy and dask. A library that is missing, or a GPU that is absent,
+array-api-strict in a pinned and a "strictest" profile and on its "device1"
+(arrays that refuse implicit conversion to NumPy, as a GPU library's do: the
+CPU machine's check that no test reads results around the adapter), torch on
+the CPU and CUDA, JAX, CuPy and dask. A library that is missing, or a GPU that is absent,
 shows up as a skip with the reason.
 
 Hypothesis profiles: ``ci`` (default, modest example counts, derandomized)
@@ -86,6 +88,11 @@ def _targets() -> list[Any]:
                 params.append(
                     pytest.param(Target(adapter, profile=profile), id=f"strict-{profile}")
                 )
+            # An accelerator's stand-in on a CPU machine: arrays on array-api-strict's
+            # "device1" refuse implicit conversion to NumPy, as CuPy's do, so a test that
+            # reads results with np.asarray instead of the adapter fails here, not on a GPU.
+            params.append(pytest.param(Target(adapter, device="device1", profile="pinned"),
+                                       id="strict-device1"))
         elif adapter.name == "torch":
             devices = adapter.devices()
             for device in devices:
