@@ -1,11 +1,13 @@
 """The NumPy backward-pass kernels equal the specification's VJPs, and the dispatcher uses them.
 
 For every scheme with a VJP kernel, hypothesis draws shapes (``t_q != t_k``,
-empty grids, batch and heads broadcast between ``q``, ``k`` and ``v``),
-offsets, causality, masks (random, empty rows, broadcast leading axes), the
-scheme's policies and options, shared and per-head tables, dtypes and row
-blocks; the kernel called directly must return the specification's gradients
-(``relpos_ref.kernels.disabled``) to the rounding of a reordered sum, or
+empty grids, batch and heads broadcast between ``q``, ``k`` and ``v``; an
+``h x w`` grid for grid2d and Swin), offsets, causality, masks (random,
+empty rows, broadcast leading axes), the scheme's policies and options
+(optional tables switched on and off), shared and per-head tables, dtypes,
+row blocks and DeBERTa's key chunks and end runs; the kernel called directly
+must return the specification's gradients (``relpos_ref.kernels.disabled``)
+to the rounding of a reordered sum, or
 ``NotImplemented`` where it documents that it may (`_may_decline`). Bad input
 gets the specification's error word for word; non-finite input goes to the
 specification; the public ``*_attention_vjp`` runs the kernel on an ordinary
@@ -25,11 +27,13 @@ from hypothesis import strategies as st
 
 import relpos_ref as rp
 from relpos_ref import catalog, kernels
-from relpos_ref.kernels import _numpy_vjp
+from relpos_ref.kernels import _numpy_vjp, _numpy_vjps
 from relpos_ref.kernels._numpy_vjp import column_ranges, skew_view
 
 VJP_KERNELS = kernels.vjp_kernels("numpy")
-COVERED = ["plain", "absolute", "alibi", "bias", "general", "music", "rope", "shaw", "t5"]
+COVERED = ["plain", "absolute", "alibi", "bias", "deberta", "general", "grid2d", "music", "rope",
+           "shaw", "swin", "t5", "transformer_xl"]
+GRIDS = ("grid2d", "swin")  # self-attention over a row-major grid of h x w tokens
 RTOL = {"float64": 1e-10, "float32": 2e-4}
 
 
@@ -39,6 +43,10 @@ def _public(scheme):
 
 def _spec_function(scheme):
     return getattr(rp, _public(scheme)).__wrapped__
+
+
+def _accepts(scheme, name):
+    return name in inspect.signature(_spec_function(scheme)).parameters
 
 
 def test_the_vjp_kernels_are_those_of_the_covered_schemes():
@@ -89,7 +97,25 @@ def _options(draw, scheme, t_q, t_k, q_offset):
         options["rotary_dim"] = draw(st.sampled_from([None, 2]))
     elif scheme == "absolute":
         sizes["rows"] = t_k + draw(st.integers(0, 3))
+    elif scheme == "transformer_xl":
+        sizes["d_model"] = draw(st.sampled_from([2, 4, 6]))
+        options["clamp_len"] = draw(st.sampled_from([None, 0, 1, 3]))
+        options["base"] = draw(st.sampled_from([10000.0, 7.0]))
+        q_offset = draw(st.sampled_from([None, q_offset]))  # None: after the memory
+    elif scheme == "deberta":
+        sizes["span"] = draw(st.integers(1, 5))
+        options["max_position"] = (None if sizes["span"] < 2 or draw(st.booleans())
+                                   else sizes["span"] // 2 + draw(st.integers(2, 6)))
     return sizes, options, q_offset
+
+
+def _grid(draw, scheme, sizes, options):
+    """A grid scheme's h x w (its t_q = t_k) into `sizes` and `options`; returns h w."""
+    height, width = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    sizes.update(height=height, width=width)
+    prefix = "window_" if scheme == "swin" else ""
+    options.update({f"{prefix}height": height, f"{prefix}width": width})
+    return height * width
 
 
 @st.composite
@@ -100,13 +126,15 @@ def vjp_calls(draw, scheme):
     heads, d, d_v = draw(st.integers(1, 3)), 4, 3
     t_q, t_k = draw(st.integers(0, 9)), draw(st.integers(0, 9))
     sizes, options, q_offset = _options(draw, scheme, t_q, t_k, draw(st.integers(-4, 8)))
+    if scheme in GRIDS:
+        t_q = t_k = _grid(draw, scheme, sizes, options)
     per_head = draw(st.booleans())
 
     def normal(*shape):
         return (rng.standard_normal(shape) * 2).astype(dtype)
 
-    # leading axes: q, k, v each (heads,) or (2, heads) or a broadcast (1, heads)
-    leads = [(heads,), (2, heads), (1, heads)]
+    # leading axes: q, k, v each (heads,) or (2, heads) or a broadcast (1, heads) or none
+    leads = [(heads,), (2, heads), (1, heads), ()]
     lead_q, lead_k, lead_v = (draw(st.sampled_from(leads)) for _ in range(3))
     q, k, v = normal(*lead_q, t_q, d), normal(*lead_k, t_k, d), normal(*lead_v, t_k, d_v)
     mask = _mask(draw, rng, t_q, t_k)
@@ -116,6 +144,8 @@ def vjp_calls(draw, scheme):
     kwargs = dict(options, mask=mask, d_output=normal(*d_lead, t_q, d_v),
                   scale=draw(st.sampled_from([None, 0.7, -0.3])), q_offset=q_offset,
                   causal=draw(st.sampled_from([None, True, False])))
+    kwargs = {name: x for name, x in kwargs.items()
+              if name not in ("q_offset", "causal") or _accepts(scheme, name)}
     tables = ()
     if scheme == "plain":
         if draw(st.booleans()):
@@ -128,6 +158,8 @@ def vjp_calls(draw, scheme):
         switches = {t.switch: draw(st.booleans()) for t in entry.tables if t.switch}
         shapes = entry.table_shapes(sizes, d=d, d_v=d_v, heads=heads if per_head else None,
                                     include=switches)
+        if scheme == "transformer_xl" and shapes.keys() > {"w_r"}:  # u or v alone, or both
+            shapes.pop(draw(st.sampled_from(["content_bias", "position_bias", None])), None)
         tables = entry.table_args({name: normal(*shape) for name, shape in shapes.items()})
     if scheme == "alibi" and draw(st.booleans()):
         kwargs["slopes"] = (rng.random(heads) + 0.1).astype(dtype)
@@ -180,10 +212,13 @@ def _spec(scheme, args, kwargs):
 
 @pytest.mark.parametrize("scheme", COVERED)
 @settings(max_examples=max(60, settings.default.max_examples))  # small calls: cheap
-@given(data=st.data(), block=st.sampled_from([64, 700, 2**21]))
-def test_vjp_kernel_equals_the_specification(scheme, data, block):
+@given(data=st.data(), block=st.sampled_from([64, 700, 2**21]),
+       chunk=st.sampled_from([1, 3, 64]), run=st.sampled_from([1, 2, 16]))
+def test_vjp_kernel_equals_the_specification(scheme, data, block, chunk, run):
     args, kwargs = data.draw(vjp_calls(scheme))
-    with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", block):
+    with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", block), \
+            mock.patch.object(_numpy_vjps, "KEY_CHUNK", chunk), \
+            mock.patch.object(_numpy_vjps, "END_RUN", run):
         direct = _errors_alike(lambda: VJP_KERNELS[scheme](*args, **kwargs))
     want = _errors_alike(lambda: _spec(scheme, args, kwargs))
     if direct[1] is NotImplemented:
@@ -195,9 +230,15 @@ def test_vjp_kernel_equals_the_specification(scheme, data, block):
 
 
 def _typical(scheme, dtype=np.float64, t_q=6, t_k=7):
-    """A per-head call with every table, a mask and an offset, as (args, kwargs)."""
+    """A per-head call with every table, a mask and an offset, as (args, kwargs).
+
+    A grid scheme's grid is 2 x 3 (5 x 8 for a long call), its t_q = t_k.
+    """
     rng = np.random.default_rng(1)
     entry = None if scheme == "plain" else catalog.get(scheme)
+    height, width = (2, 3) if t_q <= 6 else (5, 8)
+    if scheme in GRIDS:
+        t_q = t_k = height * width
     q = rng.standard_normal((2, t_q, 4)).astype(dtype)
     k = rng.standard_normal((2, t_k, 4)).astype(dtype)
     v = rng.standard_normal((2, t_k, 3)).astype(dtype)
@@ -206,7 +247,8 @@ def _typical(scheme, dtype=np.float64, t_q=6, t_k=7):
     tables = ()
     if entry is not None:
         params = {"t_q": t_q, "t_k": t_k, "K": 2, "M": 6, "t_max": max(t_q, t_k) + 2,
-                  "buckets": 8, "rows": t_k + 1}
+                  "buckets": 8, "rows": t_k + 1, "height": height, "width": width,
+                  "d_model": 6, "span": 3, "max_position": 5}
         shapes = entry.table_shapes(entry.sizes_from(params), d=4, d_v=3, heads=2)
         tables = tuple(rng.standard_normal(shapes[t.name]).astype(dtype)
                        for t in entry.tables if t.name in shapes)
@@ -215,7 +257,7 @@ def _typical(scheme, dtype=np.float64, t_q=6, t_k=7):
             kwargs["max_distance"] = 6
         if scheme == "music":
             tables = tables[:1]
-    if scheme != "music":
+    if scheme != "music" and _accepts(scheme, "q_offset"):
         kwargs["q_offset"] = 1
     return (q, k, v, *tables), kwargs
 
@@ -243,8 +285,11 @@ def test_vjp_kernel_runs_a_typical_call_and_returns_fresh_arrays(scheme, dtype):
 def test_vjp_kernel_covers_long_causal_calls_block_by_block(scheme):
     # many row blocks, the causal width growing block by block, t_q != t_k
     args, kwargs = _typical(scheme, np.float64, t_q=37, t_k=45)
-    kwargs["causal"] = True
-    with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", 2 * 8 * 45 * 5):
+    if _accepts(scheme, "causal"):
+        kwargs["causal"] = True
+    with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", 2 * 8 * 45 * 5), \
+            mock.patch.object(_numpy_vjps, "KEY_CHUNK", 7), \
+            mock.patch.object(_numpy_vjps, "END_RUN", 3):
         got = VJP_KERNELS[scheme](*args, **kwargs)
     _assert_gradients_equal(got, _spec(scheme, args, kwargs))
 
@@ -258,7 +303,7 @@ def test_non_finite_input_goes_to_the_specification(scheme, where):
     # NaN or inf where only masked pairs read it (a masked key's k and v, the queries of
     # an empty row): the specification's guarantee, so the kernel hands the call over
     args, kwargs = _typical(scheme)
-    mask = np.ones((6, 7), dtype=bool)
+    mask = np.ones((args[0].shape[-2], args[1].shape[-2]), dtype=bool)
     mask[:, 1] = False
     mask[2] = False
     arrays = {"q": args[0], "k": args[1], "v": args[2], "d_output": kwargs["d_output"]}
@@ -324,13 +369,24 @@ def _bad_d_outputs(args, kwargs):
 def test_bad_input_gets_the_specifications_error_word_for_word(scheme):
     args, kwargs = _typical(scheme)
     cases = [dict(kwargs, d_output=bad) for bad in _bad_d_outputs(args, kwargs)]
-    cases += [dict(kwargs, mask=np.ones((3, 3), dtype=bool)), dict(kwargs, scale=float("nan")),
-              dict(kwargs, causal="yes")]
-    if scheme in ("bias", "shaw"):
+    cases += [dict(kwargs, mask=np.ones((3, 3), dtype=bool)), dict(kwargs, scale=float("nan"))]
+    if _accepts(scheme, "causal"):
+        cases.append(dict(kwargs, causal="yes"))
+    if scheme in ("bias", "shaw", "music"):
         cases.append(dict(kwargs, beyond="error", q_offset=40))
-    if scheme == "music":
-        cases.append(dict(kwargs, beyond="error", q_offset=40))
+    if scheme in GRIDS:  # a grid of other tokens, of a bad size
+        prefix = "window_" if scheme == "swin" else ""
+        cases += [dict(kwargs, **{f"{prefix}width": 2}), dict(kwargs, **{f"{prefix}height": 0})]
+    if scheme == "transformer_xl":
+        cases += [dict(kwargs, clamp_len=-1), dict(kwargs, q_offset=1.5)]
+    if scheme == "deberta":
+        cases += [dict(kwargs, max_position=2), dict(kwargs, max_position=0)]
     bad_args = [(args[0].astype(np.float32), *args[1:])]  # q float32, k float64
+    if scheme == "transformer_xl":  # d_model odd, u of the wrong width
+        bad_args += [(*args[:3], args[3][..., :5, :], *args[4:]),
+                     (*args[:4], args[4][..., :3], *args[5:])]
+    if scheme == "deberta":  # tables of different spans
+        bad_args.append((*args[:3], args[3], args[4][..., :4, :]))
     calls = [(args, c) for c in cases] + [(a, kwargs) for a in bad_args]
     for call_args, call_kwargs in calls:
         direct = _errors_alike(lambda a=call_args, c=call_kwargs: VJP_KERNELS[scheme](*a, **c))
@@ -397,7 +453,7 @@ def test_vjp_kernels_only_for_numpy_and_not_the_forward_table():
     assert kernels.kernel_for("shaw", (q,), vjp=True) is VJP_KERNELS["shaw"]
     assert kernels.kernel_for("shaw", (q,)) is kernels.kernels("numpy")["shaw"]
     assert kernels.kernel_for("shaw", (array_api_strict.asarray(q),), vjp=True) is None
-    assert kernels.kernel_for("deberta", (q,), vjp=True) is None  # the specification runs
+    assert kernels.kernel_for("nothing", (q,), vjp=True) is None  # the specification runs
     assert dict(kernels.vjp_kernels("array_api_strict")) == {}
 
 
