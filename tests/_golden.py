@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,3 +102,12 @@ def right_output(case: golden.GoldenCase) -> dict[str, np.ndarray]:
 def result_name(suite: Path, index: int = 0, ext: str = ".safetensors") -> str:
     """The result file name of case `index` of `suite`."""
     return read_manifest(suite)["cases"][index]["file"].rsplit(".", 1)[0] + ext
+
+
+def run_pytest(project: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run pytest in a consumer project `project` (its own tests, this package's plugin)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=project, capture_output=True, text=True, env=env, timeout=300, check=False,
+    )

@@ -12,14 +12,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
-from _golden import SMALL, make_suite, result_name, right_output, write_results
+from _golden import SMALL, make_suite, result_name, right_output, run_pytest, write_results
 
 from relpos_ref import golden
 from relpos_ref.cli import main
@@ -239,14 +236,6 @@ def test_assert_matches_refuses_no_outputs(case):
 # -- the plugin ------------------------------------------------------------------
 
 
-def _pytest(project: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-        cwd=project, capture_output=True, text=True, env=env, timeout=300, check=False,
-    )
-
-
 def test_the_plugin_fails_a_test_that_returns_no_output(suite, tmp_path):
     project = tmp_path / "consumer"
     project.mkdir()
@@ -256,7 +245,7 @@ def test_the_plugin_fails_a_test_that_returns_no_output(suite, tmp_path):
         def test_weights_only(golden_case):
             assert_matches(golden_case, {"weights": golden_case.expected["weights"]})
     """))
-    run = _pytest(project, f"--golden-dir={suite}")
+    run = run_pytest(project, f"--golden-dir={suite}")
     assert run.returncode == 1 and f"{len(SMALL)} failed" in run.stdout
     assert "lacks 'output'" in run.stdout
 
@@ -265,7 +254,7 @@ def test_the_plugin_names_its_own_option_for_a_bad_glob(suite, tmp_path):
     project = tmp_path / "consumer"
     project.mkdir()
     (project / "test_it.py").write_text("def test_x(golden_case):\n    pass\n")
-    run = _pytest(project, f"--golden-dir={suite}", "--golden-select=nope/*")
+    run = run_pytest(project, f"--golden-dir={suite}", "--golden-select=nope/*")
     assert run.returncode == 4
     assert "--golden-select 'nope/*' matches no case" in run.stderr
     assert "holds 4 cases, e.g. 'shaw/clip/" in run.stderr

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import inspect
-import os
 import subprocess
 import sys
 import textwrap
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _golden import forge_arrays, make_suite, write_results
+from _golden import forge_arrays, make_suite, run_pytest, write_results
 
 import relpos_ref
 from relpos_ref import golden
@@ -364,11 +363,7 @@ def test_the_plugin_hands_a_backward_test_its_cotangent(small, tmp_path):
         def test_flipped(golden_case):
             assert_matches(golden_case, _mine(golden_case, True))
     """))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--golden-dir={small}"],
-        cwd=project, capture_output=True, text=True, env=env, timeout=300, check=False,
-    )
+    run = run_pytest(project, f"--golden-dir={small}")
     assert run.returncode == 1, run.stdout
     assert "4 failed, 4 passed" in run.stdout
     assert "dv: MISMATCH" in run.stdout

@@ -8,14 +8,12 @@ needs) and `GoldenCase.inputs_as` (bfloat16 included).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _golden import make_suite
+from _golden import make_suite, run_pytest
 
 import relpos_ref
 from relpos_ref import catalog, golden
@@ -24,14 +22,6 @@ from relpos_ref import catalog, golden
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     return make_suite(tmp_path_factory.mktemp("plugin") / "golden")
-
-
-def _pytest(project: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-        cwd=project, capture_output=True, text=True, env=env, timeout=300, check=False,
-    )
 
 
 def _project(tmp_path: Path, test: str, ini: str | None = None) -> Path:
@@ -54,23 +44,23 @@ RIGHT = """
 def test_the_ini_option_names_the_suite_relative_to_the_ini_file(small, tmp_path):
     relative = os.path.relpath(small, tmp_path / "consumer")
     project = _project(tmp_path, RIGHT, ini=f"[pytest]\ngolden_dir = {relative}\n")
-    run = _pytest(project)
+    run = run_pytest(project)
     assert run.returncode == 0 and "4 passed" in run.stdout, run.stdout
     # run from elsewhere: still relative to the ini file
-    run = _pytest(tmp_path, str(project / "test_it.py"), "-c", str(project / "pytest.ini"))
+    run = run_pytest(tmp_path, str(project / "test_it.py"), "-c", str(project / "pytest.ini"))
     assert run.returncode == 0 and "4 passed" in run.stdout, run.stdout + run.stderr
 
 
 def test_the_command_line_overrides_the_ini_option(small, tmp_path):
     project = _project(tmp_path, RIGHT, ini="[pytest]\ngolden_dir = nowhere\n")
-    assert _pytest(project, f"--golden-dir={small}", "--golden-select=shaw/*").returncode == 0
-    run = _pytest(project)
+    assert run_pytest(project, f"--golden-dir={small}", "--golden-select=shaw/*").returncode == 0
+    run = run_pytest(project)
     assert run.returncode == 4
     assert "golden_dir (ini): " in run.stderr and "nowhere is not a directory" in run.stderr
 
 
 def test_without_a_suite_the_tests_skip_saying_how_to_give_one(tmp_path):
-    run = _pytest(_project(tmp_path, RIGHT), "-rs")
+    run = run_pytest(_project(tmp_path, RIGHT), "-rs")
     assert run.returncode == 0
     assert "no --golden-dir given (nor golden_dir in the ini file)" in run.stdout
 
@@ -82,7 +72,7 @@ def test_a_failing_case_fits_on_one_screen(small, tmp_path):
         def test_it(golden_case):
             assert_matches(golden_case, {"output": golden_case.expected["output"] + 1})
     """)
-    run = _pytest(project, f"--golden-dir={small}", "--golden-select=bias/*/float32/*")
+    run = run_pytest(project, f"--golden-dir={small}", "--golden-select=bias/*/float32/*")
     assert run.returncode == 1
     failure = run.stdout.split("_ test_it[", 1)[1].split("short test summary", 1)[0]
     assert "output: MISMATCH" in failure

@@ -10,7 +10,6 @@ extension `relpos_docs` renders them to Markdown tables at build time.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import array_api_compat.numpy as xp
@@ -429,7 +428,7 @@ def golden_parameter_rows() -> str:
     A Markdown table generated from the catalog and `relpos_ref.golden.Case`.
     """
     from relpos_ref.golden.cases import Case, scheme_defaults
-    from relpos_ref.golden.pipeline import gradient_name
+    from relpos_ref.golden.pipeline import call_keywords, gradient_name
 
     head = ("| scheme | its `params` (besides the common ones) | `kwargs` | table inputs "
             "| gradients |\n|---|---|---|---|---|")
@@ -446,10 +445,7 @@ def golden_parameter_rows() -> str:
                          for k, v in switched.items()})
         params = "; ".join(f"`{k}` ({meanings.get(k, '')}, default {v!r})"
                            for k, v in scheme_defaults(entry).items()).replace("|", "\\|")
-        p = Case.make(name, "doc").parameters
-        accepts = inspect.signature(entry.attention).parameters
-        kwargs = ["scale", *(n for n in ("causal", "q_offset") if n in accepts),
-                  *entry.options_from(p)]
+        kwargs = list(call_keywords(entry, Case.make(name, "doc").parameters))
         tables = [t.name for t in entry.tables]
         arguments = ["q", "k", "v", *tables, *(["slopes"] if name == "alibi" else [])]
         rows.append(

@@ -23,6 +23,7 @@ names the bug. The variants, where they apply to a case:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -58,10 +59,8 @@ class Call:
     kwargs: dict[str, Any]
 
     def replace(self, **changes: Any) -> Call:
-        fields = {"q": self.q, "k": self.k, "v": self.v, "tables": self.tables,
-                  "mask": self.mask, "kwargs": self.kwargs}
-        fields.update(changes)
-        return Call(**fields)
+        """This call with some fields changed."""
+        return dataclasses.replace(self, **changes)
 
 
 def _row_axis(table: catalog.Table) -> int:

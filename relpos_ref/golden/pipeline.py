@@ -47,6 +47,7 @@ from .dtypes import SIXTEEN_BIT, numpy_dtype
 __all__ = [
     "FLOAT_STAGES",
     "attention_of",
+    "call_keywords",
     "evaluate",
     "golden_arrays",
     "gradient_name",
@@ -131,6 +132,27 @@ def evaluate(
     return out
 
 
+def call_keywords(entry: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments a case's parameters give the scheme's public functions.
+
+    ``scale`` always; ``causal`` and ``q_offset`` where ``*_attention`` takes
+    them (grid schemes take neither, or only ``causal``); then the scheme's
+    options (`relpos_ref.catalog.Scheme.options_from`). The forward and the
+    backward pass of a scheme take the same ones.
+
+    Examples
+    --------
+    >>> from relpos_ref import catalog
+    >>> call_keywords(catalog.get("swin"), Case.make("swin", "x").parameters)
+    {'scale': 0.35355339059327373, 'window_height': 2, 'window_width': 2}
+    """
+    accepts = inspect.signature(entry.attention).parameters
+    out = {"scale": params["scale"]}
+    out.update({name: params[name] for name in ("causal", "q_offset") if name in accepts})
+    out.update(entry.options_from(params))
+    return out
+
+
 def attention_of(case: Case, arrays: Mapping[str, Any], *, method: str) -> tuple[Any, Any]:
     """``(output, weights)`` of the scheme's public ``*_attention`` on the case's arrays.
 
@@ -143,10 +165,7 @@ def attention_of(case: Case, arrays: Mapping[str, Any], *, method: str) -> tuple
     entry = case.entry
     tables = {t.name: arrays[t.name] for t in entry.tables if t.name in arrays}
     function = getattr(relpos_ref, f"{entry.name}_attention")
-    accepts = inspect.signature(function).parameters
-    kwargs = {"scale": p["scale"], "mask": arrays.get("mask"), "return_weights": True,
-              **entry.options_from(p)}
-    kwargs.update({name: p[name] for name in ("causal", "q_offset") if name in accepts})
+    kwargs = {**call_keywords(entry, p), "mask": arrays.get("mask"), "return_weights": True}
     if entry.methods:
         kwargs["method"] = method
     return function(arrays["q"], arrays["k"], arrays["v"], *entry.table_args(tables), **kwargs)
@@ -184,12 +203,8 @@ def gradients_of(case: Case, arrays: Mapping[str, Any], d_output: Any) -> dict[s
     p = case.parameters
     entry = case.entry
     tables = {t.name: arrays[t.name] for t in entry.tables if t.name in arrays}
-    accepts = inspect.signature(entry.vjp).parameters
-    kwargs = {"d_output": d_output, "scale": p["scale"], "mask": arrays.get("mask"),
-              **entry.options_from(p)}
-    kwargs.update({name: p[name] for name in ("causal", "q_offset") if name in accepts})
     grads = entry.vjp(arrays["q"], arrays["k"], arrays["v"], *entry.table_args(tables),
-                      **kwargs)
+                      d_output=d_output, mask=arrays.get("mask"), **call_keywords(entry, p))
     return {gradient_name(name): g for name, g in grads.items()}
 
 

@@ -8,7 +8,6 @@ recomputation (`verify`) and compares a user's results with it (`check`).
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,7 +31,7 @@ from .dtypes import ulp
 from .fileformat import CorruptFileError, array_sha256, loads_file
 from .manifest import MANIFEST, SCHEMA, ManifestError, parse, schema_path
 from .paths import SuiteError, entries, plain_file
-from .pipeline import is_gradient, naive_arrays, naive_method
+from .pipeline import call_keywords, is_gradient, naive_arrays, naive_method
 from .progress import Progress
 from .replace import recover_if_needed
 from .tolerance import RULE, derive_tolerance, ulp_multiple
@@ -126,13 +125,7 @@ class GoldenCase:
         """
         from .. import catalog
 
-        entry = catalog.get(self.scheme)
-        params = self.params
-        accepts = inspect.signature(entry.attention).parameters
-        out = {"scale": self.scale}
-        out.update({n: params[n] for n in ("causal", "q_offset") if n in accepts})
-        out.update(entry.options_from(params))
-        return out
+        return call_keywords(catalog.get(self.scheme), self.params)
 
     def inputs_as(self, library: str, *, device: Any = None,
                   cotangent: bool = False) -> dict[str, Any]:
