@@ -12,7 +12,12 @@ writes a JSON file (machine, library versions, date, every measurement) to
    ``(t_q, t_k, d)`` embedding tensor and contracts it with einsum (torch, CPU);
 4. peak memory: tracemalloc on NumPy, the allocator's peak on torch CUDA and CuPy;
 5. `relpos_ref.blocked` at ``--t-blocked`` (one head), time and peak memory;
-6. the targets of issues 7 and 14, each marked met or missed.
+6. with ``--t-distributed``, `relpos_ref.blocked` over Dask arrays on a
+   ``dask.distributed`` LocalCluster of worker processes with a memory limit
+   (issue 17): wall time, each worker's peak resident memory against the bound
+   stated in `relpos_ref._blocked_dask`, and rows checked against NumPy
+   (``--distributed-only`` runs this section alone);
+7. the targets of issues 7, 14, 16 and 17, each marked met or missed.
 
 The schemes, their tables and their benchmark sizes come from `relpos_ref.catalog`.
 
@@ -215,10 +220,174 @@ def sdpa_comparison(backend, q, k, v, bias_table, repeat: int) -> list[dict[str,
     return rows
 
 
+def _lengths(text: str) -> tuple[int, ...]:
+    """``"32768,131072"`` -> ``(32768, 131072)``; ``""`` or ``"0"`` -> ``()``."""
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        msg = f"expected comma-separated lengths, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+    if any(n < 0 for n in values):
+        msg = f"lengths must be >= 0, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return tuple(n for n in values if n)
+
+
+def _process_memory(field: str = "VmHWM") -> int | None:
+    """This process's peak (``VmHWM``) or current (``VmRSS``) resident memory, Linux only.
+
+    Not ``getrusage``'s ``ru_maxrss``: a worker process started by
+    ``multiprocessing`` (spawn, through fork and exec) inherits the peak of the
+    process that forked it.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _worker_baseline() -> int | None:
+    """Run on each worker before the call: import what the tasks import; the peak so far."""
+    import dask.array  # noqa: F401
+
+    import relpos_ref._blocked_dask  # noqa: F401
+
+    return _process_memory()
+
+
+#: glibc's malloc settings for the worker processes. Dask's nanny starts workers with
+#: MALLOC_TRIM_THRESHOLD_=65536, which (setting any of them turns glibc's adaptive mmap
+#: threshold off) maps and unmaps every array over 128 KiB: each (block, block) tile of the
+#: loop page-faults anew (one NumPy call at t = 8192 took 2.5 s against 1.1 s tuned). "tuned"
+#: keeps arrays up to 32 MiB on the heap and gives free heap back above 64 MiB, which the
+#: bound then counts (`worker_memory_bound`'s `retained`).
+MALLOC = {"dask": {"MALLOC_TRIM_THRESHOLD_": 65536},
+          "tuned": {"MALLOC_TRIM_THRESHOLD_": 64 * 2**20, "MALLOC_MMAP_THRESHOLD_": 32 * 2**20}}
+
+#: Tile arrays of (block, block) a task of relpos_ref.blocked holds at its peak, at most:
+#: tracemalloc of one chunk of 4096 queries, block 1024, float32, one head: rope 5.3,
+#: absolute 6.3, plain 7.5, Transformer-XL 9.7, bias 10.3, Shaw causal 10.6, general 13.7,
+#: T5 16.6, DeBERTa 17.6 (the chunk's rows and output included).
+TILE_ARRAYS = 18
+
+
+def worker_memory_bound(*, t_q: int, t_k: int, d: int, d_v: int, heads: int, itemsize: int,
+                        chunk: int, block: int, threads: int, tables: int, baseline: int,
+                        retained: int = 0) -> int:
+    """The bound of `relpos_ref._blocked_dask` on one worker's memory, in bytes.
+
+    ``baseline`` (the worker process before the call) + ``k`` and ``v`` twice
+    (their chunks and the merged copy while they are assembled) + every chunk
+    of ``q`` and of the output (waiting for their task, waiting for the
+    client) + the tables + per running task its chunk, output and accumulator
+    and `TILE_ARRAYS` tiles + ``retained``, the free memory malloc may keep
+    (its trim threshold).
+    """
+    s, h = itemsize, heads
+    shared = s * h * (2 * t_k * (d + d_v) + t_q * (d + d_v)) + tables
+    task = s * h * (chunk * (d + 2 * d_v) + TILE_ARRAYS * block * block)
+    return baseline + shared + threads * task + retained
+
+
+def distributed_blocked(lengths: tuple[int, ...], *, d: int, dtype: str, k_max: int,
+                        block: int, chunk: int, workers: int, memory_limit: str,
+                        malloc: str = "dask", check_rows: int = 6) -> list[dict[str, Any]]:
+    """`relpos_ref.blocked` over Dask arrays on a fresh LocalCluster per case (issue 17).
+
+    One head, ``q``, ``k``, ``v`` drawn on the workers (``da.random``, chunks
+    of `chunk` queries or keys), computed to the client; the cases are plain
+    attention over every pair and Shaw (keys and values, ``K = k_max``),
+    causal. Each case starts its own cluster of `workers` processes of one
+    thread (one BLAS thread each) and `memory_limit`, so each worker's peak
+    resident memory (Linux ``VmHWM``) is that case's. `check_rows` rows
+    (first, middle, last, random) are recomputed with NumPy, unblocked.
+    """
+    try:
+        import dask
+        import dask.array as da
+        from dask.utils import parse_bytes
+        from distributed import Client, LocalCluster
+    except ImportError as exc:
+        print(f"\ndistributed blocked: skipped, {exc} (pip install 'dask[array]' distributed)")
+        return []
+    limit = parse_bytes(memory_limit)
+    rows_out = []
+    print(f"\nrelpos_ref.blocked on a dask.distributed LocalCluster: {workers} worker processes "
+          f"x 1 thread, memory_limit {memory_limit}, chunks {chunk}, block {block}, 1 head, "
+          f"d = {d}, {dtype}, malloc {malloc}")
+    print(f"{'case':<14} {'t':>7} {'time s':>8} {'peak MiB':>9} {'before MiB':>10} "
+          f"{'bound MiB':>10} {'max |err|':>10}")
+    table_np = np.random.default_rng(3).standard_normal((2 * k_max + 1, d)).astype(dtype)
+    environ = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in MALLOC[malloc].items()}
+    for t in lengths:
+        for scheme, causal in (("plain", False), ("shaw", True)):
+            label = scheme + (" causal" if causal else "")
+            row: dict[str, Any] = {"scheme": scheme, "causal": causal, "t": t, "d": d,
+                                   "chunk": chunk, "block": block, "workers": workers,
+                                   "memory_limit_bytes": limit, "malloc": malloc}
+            with dask.config.set(environ), \
+                    LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                 memory_limit=memory_limit, dashboard_address=None) as cluster, \
+                    Client(cluster) as client:
+                baseline = client.run(_worker_baseline)
+                started = set(client.scheduler_info()["workers"])
+                rng = da.random.default_rng(2)
+                q, k, v = (rng.standard_normal((1, t, d), chunks=(1, chunk, d), dtype=dtype)
+                           for _ in range(3))
+                tables = () if scheme == "plain" else (da.from_array(table_np),) * 2
+                start = time.perf_counter()
+                try:
+                    out = blocked_attention(q, k, v, *tables, scheme=scheme, causal=causal,
+                                            block_size=block).compute()
+                except Exception as exc:  # a worker killed for memory: KilledWorker
+                    row["error"] = f"{type(exc).__name__}: {exc}"
+                    out = None
+                row["seconds"] = time.perf_counter() - start
+                peaks = client.run(_process_memory)
+                row["workers_lost"] = len(started - set(client.scheduler_info()["workers"]))
+                if out is not None:
+                    check = sorted({0, t // 2, t - 1, *np.random.default_rng(t).integers(
+                        0, t, max(check_rows - 3, 0)).tolist()})
+                    q_np, k_np, v_np = (x.compute() for x in (q, k, v))
+            row["worker_peak_bytes"] = dict(peaks)
+            row["worker_start_bytes"] = dict(baseline)
+            known = [p for p in peaks.values() if p is not None]
+            row["peak_bytes"] = max(known) if known else None
+            start_bytes = max((b for b in baseline.values() if b is not None), default=0)
+            row["bound_bytes"] = worker_memory_bound(
+                t_q=t, t_k=t, d=d, d_v=d, heads=1, itemsize=np.dtype(dtype).itemsize,
+                chunk=chunk, block=block, threads=1, tables=2 * table_np.nbytes,
+                baseline=start_bytes, retained=MALLOC[malloc]["MALLOC_TRIM_THRESHOLD_"])
+            if out is not None:
+                errors = []
+                for i in check:
+                    if scheme == "plain":
+                        want = rp.attention(q_np[..., i:i + 1, :], k_np, v_np, q_offset=i,
+                                            causal=causal)
+                    else:
+                        want = rp.shaw_attention(q_np[..., i:i + 1, :], k_np, v_np, table_np,
+                                                 table_np, q_offset=i, causal=causal)
+                    errors.append(float(np.max(np.abs(out[..., i:i + 1, :] - want))))
+                row["checked_rows"] = check
+                row["max_abs_error"] = max(errors)
+                del out, q_np, k_np, v_np
+            rows_out.append(row)
+            mib = ["n/a" if x is None else f"{x / 2**20:.0f}"
+                   for x in (row["peak_bytes"], start_bytes or None, row["bound_bytes"])]
+            err = f"{row['max_abs_error']:.1e}" if "max_abs_error" in row else row["error"]
+            print(f"{label:<14} {t:>7} {row['seconds']:8.1f} {mib[0]:>9} {mib[1]:>10} "
+                  f"{mib[2]:>10} {err:>10}")
+    return rows_out
+
+
 def _versions(backend) -> dict[str, str]:
     out = {"python": platform.python_version(), "numpy": np.__version__,
            "relpos_ref": rp.__version__}
-    for name in ("torch", "cupy", "jax", "array_api_compat"):
+    for name in ("torch", "cupy", "jax", "array_api_compat", "dask", "distributed"):
         module = sys.modules.get(name)
         if module is not None:
             out[name] = getattr(module, "__version__", "?")
@@ -255,6 +424,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--t-blocked", type=int, default=32768,
                         help="sequence length for relpos_ref.blocked (0 skips)")
     parser.add_argument("--block-size", type=int, default=1024)
+    parser.add_argument("--t-distributed", type=_lengths, default=(),
+                        help="comma-separated sequence lengths for relpos_ref.blocked over Dask "
+                             "arrays on a dask.distributed LocalCluster, e.g. 32768,131072 "
+                             "(default: skipped; needs dask[array] and distributed)")
+    parser.add_argument("--distributed-only", action="store_true",
+                        help="run only the --t-distributed section")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="worker processes of the LocalCluster, one thread each")
+    parser.add_argument("--worker-memory", default="1GiB",
+                        help="memory_limit of each worker (the nanny restarts a worker past 95%%)")
+    parser.add_argument("--chunk", type=int, default=4096,
+                        help="Dask chunk of queries (and keys) for --t-distributed")
+    parser.add_argument("--malloc", choices=sorted(MALLOC), default="tuned",
+                        help="glibc malloc settings of the workers: 'tuned' (default) or "
+                             "Dask's own, 'dask' (see MALLOC in this file)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--no-backward", dest="backward", action="store_false",
                         help="skip the backward passes (issue 16: VJP <= 2.5x the forward)")
@@ -271,6 +455,12 @@ def main(argv: list[str] | None = None) -> int:
         device = backend.check_device(args.device)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.distributed_only:
+        if not args.t_distributed:
+            parser.error("--distributed-only needs --t-distributed")
+        results = {"distributed": _distributed(args)}
+        return _write(results, _distributed_targets(results["distributed"]), args, backend,
+                      device)
     arr, (q, k, v) = _inputs(backend, args.dtype, h, t, d, device=device)
     cases = scheme_cases(arr, h, t, d, args.k_max)
     results: dict[str, Any] = {"schemes": [], "methods": [], "peer": None, "blocked": [],
@@ -376,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
             mib = "n/a" if peak is None else f"{peak / 2**20:.0f} MiB"
             print(f"{name + (' causal' if causal else ''):<28} {seconds:8.1f} s  peak {mib}")
 
+    results["distributed"] = _distributed(args)
+
     ratio = {r["scheme"]: r["ratio_to_plain"] for r in results["schemes"]}
     general = ratio[_label(cases, "general")]
     shaw = ratio[_label(cases, "shaw")]
@@ -403,13 +595,48 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'met   ' if met else 'MISSED'} {text}: {value:.2f}")
     results["targets"] = [{"target": a, "value": b, "met": c, "applies": standard}
                           for a, b, c in targets]
+    return _write(results, _distributed_targets(results["distributed"]), args, backend, device)
+
+
+def _distributed(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if not args.t_distributed:
+        return []
+    return distributed_blocked(args.t_distributed, d=args.d, dtype=args.dtype, k_max=args.k_max,
+                               block=args.block_size, chunk=args.chunk, workers=args.workers,
+                               memory_limit=args.worker_memory, malloc=args.malloc)
+
+
+def _distributed_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 17: each case completes, no worker lost, peak under the limit and the bound."""
+    targets = []
+    for row in rows:
+        label = f"distributed {row['scheme']}{' causal' if row['causal'] else ''} t={row['t']}"
+        done = "error" not in row and row["workers_lost"] == 0
+        targets.append((f"{label} completes, no worker lost", float(done), done))
+        if row["peak_bytes"] is not None:
+            mib = row["peak_bytes"] / 2**20
+            targets.append((f"{label} worker peak MiB < memory_limit", mib,
+                            row["peak_bytes"] < row["memory_limit_bytes"]))
+            targets.append((f"{label} worker peak MiB <= bound of relpos_ref._blocked_dask", mib,
+                            row["peak_bytes"] <= row["bound_bytes"]))
+    if targets:
+        print("\ntargets (issue 17)")
+        for text, value, met in targets:
+            print(f"  {'met   ' if met else 'MISSED'} {text}: {value:.2f}")
+    return [{"target": a, "value": b, "met": c, "applies": True} for a, b, c in targets]
+
+
+def _write(results: dict[str, Any], targets: list[dict[str, Any]], args: argparse.Namespace,
+           backend: Any, device: Any) -> int:
+    results["targets"] = results.get("targets", []) + targets
     results["config"] = vars(args) | {"out": str(args.out)}
     results["machine"] = _machine(backend) | {"device": device}
     results["versions"] = _versions(backend)
     results["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = args.out / f"{stamp}-{backend.name}-{args.dtype}.json"
+    name = "distributed" if args.distributed_only else backend.name
+    path = args.out / f"{stamp}-{name}-{args.dtype}.json"
     path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {path}")
     return 0

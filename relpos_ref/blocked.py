@@ -21,10 +21,24 @@ scheme's own defaults for ``scale``, ``causal`` and ``q_offset``.
 
 Peak memory is ``O(block (t_k + d + n_rows))`` beyond the inputs and the
 output, against ``O(t_q t_k)`` for the unblocked functions.
+
+Lazy, chunked arrays (Dask) are not walked tile by tile in their own graph,
+which would hold ``(t_q / block) (t_k / block)`` small tasks and gather
+through integer arrays of the library: `blocked_attention` validates the
+call as for any library, then hands it to a private module of this package
+(``_CHUNKED``, by the arrays' library; imported only when such an array
+arrives) that maps the same loop (``_attend_rows``) over the chunks of
+queries, one task per chunk, each with whole ``k``, ``v`` and tables and
+the chunk's rows of the mask. A worker then holds ``k`` and ``v`` once and,
+per running task, one chunk of queries, its output and one tile per head;
+`relpos_ref._blocked_dask` states the bound.
 """
 
 from __future__ import annotations
 
+import importlib
+import itertools
+from collections.abc import Mapping
 from typing import Any
 
 from . import _xp
@@ -39,6 +53,11 @@ __all__ = ["BLOCKED_SCHEMES", "blocked_attention"]
 #: Schemes `blocked_attention` evaluates: the catalog's (``"plain"`` is attention without
 #: positions).
 BLOCKED_SCHEMES = tuple(names(plain=True))
+
+#: Array library (the top-level module of its array type) -> the private module that
+#: evaluates `blocked_attention` one task per chunk of queries over its lazy, chunked
+#: arrays (``blocked_attention_chunked``). The one place that chooses it.
+_CHUNKED: Mapping[str, str] = {"dask": "relpos_ref._blocked_dask"}
 
 
 def _mask_tile(mask: Any, i0: int, i1: int, j0: int, j1: int) -> Any:
@@ -99,7 +118,8 @@ def blocked_attention(
         Default (``None``): the scheme's, ``t_k - t_q`` for transformer_xl,
         ``0`` otherwise.
     progress : bool, optional
-        Draw a progress bar over the query blocks (only on a terminal).
+        Draw a progress bar over the query blocks (only on a terminal; not
+        for Dask arrays, whose evaluation is lazy: use Dask's diagnostics).
     **params
         The scheme's options (`relpos_ref.catalog.Scheme.options`: ``beyond``,
         ``order``, ``max_distance``, ``clamp_len``, ``max_position``, ...).
@@ -107,7 +127,19 @@ def blocked_attention(
     Returns
     -------
     out : array, shape ``(..., t_q, d_v)``
-        Same dtype and device as `q`.
+        Same dtype and device as `q`. For Dask arrays a lazy Dask array, one
+        task per chunk of `q`'s query axis, with `q`'s query chunks and its
+        other axes in one chunk each; each task gets the whole `k`, `v`
+        and tables and its rows of `mask`, so a worker holds `k` and `v`
+        once (``itemsize h t_k (d + d_v)`` for ``h`` heads) plus, per task
+        running, its chunk of queries, its output and one tile per head;
+        nothing of size ``t_q t_k`` (`relpos_ref._blocked_dask` derives the
+        bound). Other chunks of `k`, `v`, tables and `mask` are merged.
+
+    Notes
+    -----
+    On Dask the call is validated first, on the host, with the same errors
+    as on NumPy; nothing is computed until the result is.
 
     Examples
     --------
@@ -127,58 +159,112 @@ def blocked_attention(
     call, options = entry.check_call(
         q, k, v, named, scale=scale, mask=mask, causal=causal, q_offset=q_offset, options=params
     )
-    xp, batch, t_q, t_k = call.xp, call.batch, call.t_q, call.t_k
-    causal, q_offset = call.causal, call.q_offset
-    if entry.rotate is not None:
-        q, k = entry.rotate(q, k, q_offset=q_offset, options=options)
-    dev = _xp.device(q)
-    d_v = v.shape[-1]
-    lead = tuple(batch)
+    enabled = None if check_bool("progress", progress) else False
+    lead = tuple(call.batch)
     if mask is not None:
         lead = broadcast_shapes(batch=lead, mask=tuple(mask.shape[:-2]))
+    chunked = _CHUNKED.get(_xp.library_name(q))
+    if chunked is not None:
+        # A lazy, chunked library: one task per chunk of queries (see the module docstring).
+        evaluate = importlib.import_module(chunked).blocked_attention_chunked
+        return evaluate(q, k, v, named, scheme=scheme, block=block, lead=lead, scale=call.scale,
+                        causal=call.causal, q_offset=call.q_offset, options=options, mask=mask)
+    if entry.rotate is not None:
+        q, k = entry.rotate(q, k, q_offset=call.q_offset, options=options)
+    with Progress(-(-call.t_q // block), f"blocked {scheme}", enabled=enabled) as bar:
+        return _attend_rows(q, k, v, named, scheme=scheme, block=block, lead=lead,
+                            scale=call.scale, causal=call.causal, q_offset=call.q_offset,
+                            options=options, mask=mask, bar=bar)
+
+
+def _attend_rows(
+    q: Any,
+    k: Any,
+    v: Any,
+    tables: Mapping[str, Any],
+    /,
+    *,
+    scheme: str,
+    block: int,
+    lead: tuple[int, ...],
+    scale: float,
+    causal: bool,
+    q_offset: int,
+    options: Mapping[str, Any],
+    mask: Any = None,
+    row0: int = 0,
+    bar: Progress | None = None,
+) -> Any:
+    """The online-softmax loop over query rows ``row0 ..`` of a validated call.
+
+    `q` holds the call's queries ``row0 .. row0 + q.shape[-2] - 1``, already
+    rotated (RoPE); `mask` the same rows (or a row axis of length 1, or
+    fewer than 2 axes); `k`, `v` and `tables` are whole; `scale`, `causal`,
+    `q_offset` and `options` are resolved (`relpos_ref.catalog.Scheme.check_call`).
+    Nothing is validated here: `blocked_attention` calls it on a whole call,
+    the chunked evaluation of `relpos_ref._blocked_dask` on each chunk of
+    queries with its `row0`. Tiles start at the multiples of `block` of the
+    whole call, so a chunk's tiles are those of the whole call, cut at the
+    chunk's ends.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> q = k = v = np.eye(4)
+    >>> out = _attend_rows(q[2:], k, v, {}, scheme="plain", block=2, lead=(), scale=0.5,
+    ...                    causal=True, q_offset=0, options={}, row0=2)
+    >>> bool(np.allclose(out, blocked_attention(q, k, v, scale=0.5, causal=True)[2:]))
+    True
+    """
+    entry = get(scheme)
+    xp = _xp.array_namespace(q, k, v)
+    t_k = k.shape[-2]
+    dev = _xp.device(q)
+    d_v = v.shape[-1]
     neg_inf = xp.asarray(-xp.inf, dtype=q.dtype, device=dev)
     zero = xp.asarray(0.0, dtype=q.dtype, device=dev)
     one = xp.asarray(1.0, dtype=q.dtype, device=dev)
     pieces = []
-    starts = range(0, t_q, block)
-    enabled = None if check_bool("progress", progress) else False
-    with Progress(len(starts), f"blocked {scheme}", enabled=enabled) as bar:
-        for i0 in starts:
-            i1 = min(i0 + block, t_q)
-            q_blk = q[..., i0:i1, :]
-            rows = i1 - i0
-            m = xp.full((*lead, rows, 1), -xp.inf, dtype=q.dtype, device=dev)
-            total = xp.zeros((*lead, rows, 1), dtype=q.dtype, device=dev)
-            acc = xp.zeros((*lead, rows, d_v), dtype=q.dtype, device=dev)
-            for j0 in range(0, t_k, block):
-                if causal and j0 > i1 - 1 + q_offset:
-                    break  # every key from here on is in the future of every query
-                j1 = min(j0 + block, t_k)
-                k_blk, v_blk = k[..., j0:j1, :], v[..., j0:j1, :]
-                off = q_offset + i0 - j0
-                position, bias = entry.terms(q_blk, k_blk, named, q_offset=q_offset, i0=i0,
-                                             j0=j0, options=options, method="efficient")
-                content = xp.matmul(q_blk, xp.matrix_transpose(k_blk))
-                logits = compose_logits(content, scale=call.scale, position=position, bias=bias)
-                allowed = allowed_keys(rows, j1 - j0, mask=_mask_tile(mask, i0, i1, j0, j1),
-                                       causal=causal, q_offset=off, xp=xp, device=dev)
-                if allowed is not None:
-                    logits = xp.where(allowed, logits, neg_inf)
-                new_m = xp.maximum(m, xp.max(logits, axis=-1, keepdims=True))
-                base = xp.where(new_m == neg_inf, zero, new_m)
-                weights = xp.exp(logits - base)
-                correction = xp.exp(m - base)
-                total = total * correction + xp.sum(weights, axis=-1, keepdims=True)
-                update = weighted_sum(weights, v_blk, used=allowed)
-                if entry.values is not None:
-                    extra = entry.values(weights, named, q_offset=off, options=options,
-                                         method="efficient", allowed=allowed)
-                    if extra is not None:
-                        update = update + extra
-                acc = acc * correction + update
-                m = new_m
-            pieces.append(acc / xp.where(total == zero, one, total))
-            bar.advance(f"queries {i0}..{i1 - 1}")
+    n = q.shape[-2]
+    # tiles at the whole call's multiples of `block`, cut at this chunk's ends
+    bounds = [0, *range((row0 // block + 1) * block - row0, n, block), n] if n else [0]
+    for i0, i1 in itertools.pairwise(bounds):
+        at, end = row0 + i0, row0 + i1  # the tile's rows in the whole call
+        q_blk = q[..., i0:i1, :]
+        rows = i1 - i0
+        m = xp.full((*lead, rows, 1), -xp.inf, dtype=q.dtype, device=dev)
+        total = xp.zeros((*lead, rows, 1), dtype=q.dtype, device=dev)
+        acc = xp.zeros((*lead, rows, d_v), dtype=q.dtype, device=dev)
+        for j0 in range(0, t_k, block):
+            if causal and j0 > end - 1 + q_offset:
+                break  # every key from here on is in the future of every query
+            j1 = min(j0 + block, t_k)
+            k_blk, v_blk = k[..., j0:j1, :], v[..., j0:j1, :]
+            off = q_offset + at - j0
+            position, bias = entry.terms(q_blk, k_blk, tables, q_offset=q_offset, i0=at,
+                                         j0=j0, options=options, method="efficient")
+            content = xp.matmul(q_blk, xp.matrix_transpose(k_blk))
+            logits = compose_logits(content, scale=scale, position=position, bias=bias)
+            allowed = allowed_keys(rows, j1 - j0, mask=_mask_tile(mask, i0, i1, j0, j1),
+                                   causal=causal, q_offset=off, xp=xp, device=dev)
+            if allowed is not None:
+                logits = xp.where(allowed, logits, neg_inf)
+            new_m = xp.maximum(m, xp.max(logits, axis=-1, keepdims=True))
+            base = xp.where(new_m == neg_inf, zero, new_m)
+            weights = xp.exp(logits - base)
+            correction = xp.exp(m - base)
+            total = total * correction + xp.sum(weights, axis=-1, keepdims=True)
+            update = weighted_sum(weights, v_blk, used=allowed)
+            if entry.values is not None:
+                extra = entry.values(weights, tables, q_offset=off, options=options,
+                                     method="efficient", allowed=allowed)
+                if extra is not None:
+                    update = update + extra
+            acc = acc * correction + update
+            m = new_m
+        pieces.append(acc / xp.where(total == zero, one, total))
+        if bar is not None:
+            bar.advance(f"queries {at}..{end - 1}")
     if not pieces:
         return xp.zeros((*lead, 0, d_v), dtype=q.dtype, device=dev)
     return pieces[0] if len(pieces) == 1 else xp.concat(pieces, axis=-2)

@@ -68,3 +68,30 @@ def test_benchmark_suite_refuses_an_unknown_device(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "`device` must be one of ['cpu'] for backend 'numpy', got 'gpu7'" in err
+
+
+def test_benchmark_suite_distributed_section(tmp_path, capsys):
+    """``--t-distributed`` on a LocalCluster at toy sizes: time, worker peaks, bound, rows."""
+    import pytest
+
+    pytest.importorskip("dask.array", reason="dask[array] is not installed")
+    pytest.importorskip("distributed", reason="dask.distributed is not installed")
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    code = bench.main(["--distributed-only", "--t-distributed", "512", "--chunk", "128",
+                       "--block-size", "32", "--d", "8", "--k-max", "4", "--workers", "1",
+                       "--worker-memory", "512MiB", "--out", str(tmp_path)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "dask.distributed LocalCluster" in printed and "targets (issue 17)" in printed
+    (path,) = tmp_path.glob("*-distributed-float32.json")
+    report = json.loads(path.read_text())
+    rows = report["distributed"]
+    assert [(r["scheme"], r["causal"]) for r in rows] == [("plain", False), ("shaw", True)]
+    for row in rows:
+        assert "error" not in row and row["workers_lost"] == 0 and row["seconds"] > 0
+        assert row["max_abs_error"] < 1e-5 and len(row["checked_rows"]) >= 3
+        assert row["bound_bytes"] > 0 and len(row["worker_peak_bytes"]) == 1
+    assert report["versions"]["dask"] and report["versions"]["distributed"]
+    assert {t["target"].split()[0] for t in report["targets"]} == {"distributed"}
