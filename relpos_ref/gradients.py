@@ -360,17 +360,26 @@ def keys_by_distance(x: Any, axis: DistanceAxis, /) -> Any:
 
 
 def every_pair_unless(allowed: Any, t_q: int, t_k: int, *, xp: Any, device: Any = None) -> Any:
-    """`allowed`, or (``None``: nothing masked) a ``(t_q, t_k)`` array of ``True``.
+    """`allowed` with its pair axes full, or (``None``: nothing masked) ``(t_q, t_k)`` of ``True``.
+
+    A mask that broadcasts over the pairs (``()``, ``(t_k,)``, ``(1, t_k)``,
+    ``(t_q, 1)``, ...) is broadcast to ``(..., t_q, t_k)``, the layout every
+    distance binning reads.
 
     Examples
     --------
     >>> import array_api_strict as xp
     >>> every_pair_unless(None, 1, 2, xp=xp)
     Array([[ True,  True]], dtype=array_api_strict.bool)
+    >>> every_pair_unless(xp.asarray([True, False]), 2, 2, xp=xp)
+    Array([[ True, False],
+           [ True, False]], dtype=array_api_strict.bool)
     """
-    if allowed is not None:
+    if allowed is None:
+        return xp.ones((t_q, t_k), dtype=xp.bool, device=device)
+    if allowed.shape[-2:] == (t_q, t_k):
         return allowed
-    return xp.ones((t_q, t_k), dtype=xp.bool, device=device)
+    return xp.broadcast_to(allowed, (*allowed.shape[:-2], t_q, t_k))
 
 
 def _reached(allowed: Any, like: Any, axis: DistanceAxis, layout: Any) -> Any:

@@ -202,3 +202,26 @@ def test_bad_input(backend):
         rp.shaw_logits(q, a(np.ones((5, 8), dtype=np.float32)), 4)
     with pytest.raises(ValueError, match=r"`table` must have shape \(n,\) or \(h, n\)"):
         rp.bias_logits(a(np.ones((2, 3, 5))), 4, 4)
+
+
+@pytest.mark.parametrize("scheme", ["shaw", "music"])
+@pytest.mark.parametrize("mask_shape", [(), (6,), (1, 6), (5, 1), (2, 1, 6)])
+@pytest.mark.parametrize("method", ["efficient", "definition"])
+def test_value_tables_take_a_mask_that_broadcasts_over_the_pairs(backend, scheme, mask_shape,
+                                                                 method):
+    # A mask broadcasting over (t_q, t_k) means what the full mask means; the relative
+    # values' distance bins used to need the full one (an unpacking error otherwise).
+    rng = np.random.default_rng(11)
+    q, k, v = _qkv(backend, rng, 5, 6)
+    table = rng.standard_normal((7, 4))
+    mask = rng.random(mask_shape) < 0.7
+    if mask.ndim:
+        mask.reshape(-1)[0] = True
+    full = np.broadcast_to(mask, (*mask_shape[:-2], 5, 6)).copy()
+    call = SCHEMES[scheme]
+    args = [backend.asarray(a) for a in (q, k, v, table)]
+    got = call(*args, method, mask=backend.asarray(mask), q_offset=1, causal=scheme == "music")
+    want = call(*args, method, mask=backend.asarray(full), q_offset=1,
+                causal=scheme == "music")
+    np.testing.assert_allclose(backend.to_numpy(got), backend.to_numpy(want), rtol=1e-12,
+                               atol=1e-12)
