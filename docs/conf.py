@@ -57,8 +57,16 @@ html_theme_options = {
     "navigation_depth": 2,
     "show_toc_level": 2,
     "secondary_sidebar_items": ["page-toc"],
+    # The "Section Navigation" sidebar lists the pages under the current top-level
+    # page. With hidden toctrees included the theme draws it on every page, empty on
+    # a page with nothing under it (quickstart, golden, ...); without, it leaves it
+    # out there and the content column takes its width. No toctree below the root
+    # is hidden, so the other pages' navigation is unchanged.
+    "sidebar_includehidden": False,
 }
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["relpos.css"]
+html_js_files = ["relpos.js"]
 
 # Intersphinx: the upstream inventories, used when they can be fetched. A
 # machine without internet access (CI here) builds without them rather than

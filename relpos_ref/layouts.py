@@ -391,10 +391,13 @@ def stacked_diagonals(
     distance between sequences of up to ``t_max`` positions. Each diagonal
     ``j - i = \delta`` of the output is one column of `x`:
 
-    .. math:: \text{out}[..., i, j] = x[..., i, c(r)], \quad
-              c(r) = \begin{cases} r + t_\max - 1 & \text{past to future} \\
-                                   t_\max - 1 - r & \text{future to past}
-                     \end{cases}
+    .. math::
+
+        \text{out}[..., i, j] = x[..., i, c(r)],
+
+        c(r) = \begin{cases} r + t_\max - 1 & \text{past to future} \\
+                             t_\max - 1 - r & \text{future to past}
+               \end{cases}
 
     Self or cross attention, full or causal, ``t_q != t_k`` and any
     ``q_offset`` work as long as every distance lies in the table. Only the

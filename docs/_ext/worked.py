@@ -22,12 +22,17 @@ from relpos_ref.presets import PRESETS
 
 @dataclass(frozen=True)
 class Step:
-    """One captioned intermediate: a 1-D or 2-D integer or float array."""
+    """One captioned intermediate: a 1-D or 2-D integer or float array.
+
+    `masked` marks a step that applies the causal mask to the step before it
+    (the figures show both, and say which is which).
+    """
 
     caption: str
     array: np.ndarray
     rows: tuple[str, ...] | None = None
     cols: tuple[str, ...] | None = None
+    masked: bool = False
 
 
 def _check(got: np.ndarray, want: np.ndarray, what: str) -> None:
@@ -208,7 +213,7 @@ def worked_skew(length: int = 4) -> list[Step]:
             "the pad and values of the next row, which the causal mask removes",
             out,
         ),
-        Step("after the causal mask", np.where(causal, out, 0)),
+        Step("after the causal mask", np.where(causal, out, 0), masked=True),
     ]
 
 
@@ -293,7 +298,7 @@ def worked_rel_shift(t_q: int = 3, t_k: int = 5) -> list[Step]:
             cols=_labels("col ", range(t_q)),
         ),
         Step(f"view as `({t_q}, {t_k})`: equal to `gather` on `j <= i + {q_offset}`", out),
-        Step("after Transformer-XL's causal mask", np.where(allowed, out, 0)),
+        Step("after Transformer-XL's causal mask", np.where(allowed, out, 0), masked=True),
     ]
 
 

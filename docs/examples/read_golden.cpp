@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
     width = dtype == "F64" ? 8 : dtype == "F32" ? 4 : 2;
     std::vector<long long> shape = numbers_after(entry, "shape");
     std::vector<long long> offsets = numbers_after(entry, "data_offsets");
-    size_t count = static_cast<size_t>((offsets[1] - offsets[0]) / static_cast<long long>(width));
+    size_t count =
+        static_cast<size_t>((offsets[1] - offsets[0]) / static_cast<long long>(width));
     std::vector<unsigned char> raw(count * width);  // little-endian, as on x86 and ARM
     file.seekg(static_cast<std::streamoff>(8 + header_size + offsets[0]));
     file.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size()));

@@ -53,7 +53,8 @@ fn main() {
     let width = match dtype { "F64" => 8, "F32" => 4, _ => 2 };
     let shape = numbers_after(entry, "shape");
     let offsets = numbers_after(entry, "data_offsets");
-    let data = &bytes[8 + header_size + offsets[0] as usize..8 + header_size + offsets[1] as usize];
+    let start = 8 + header_size + offsets[0] as usize;
+    let data = &bytes[start..8 + header_size + offsets[1] as usize];
     let values: Vec<f64> = data  // little-endian
         .chunks_exact(width)
         .map(|b| match dtype {

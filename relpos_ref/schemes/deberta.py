@@ -8,7 +8,8 @@ position-to-content (p2c) term read from two relative tables of ``2 S`` rows
     e_{ij} = s\,\bigl(q_i \cdot k_j
              + q_i \cdot K^r_{\text{row}(b_{ij})}
              + k_j \cdot Q^r_{\text{row}(b_{ij})}\bigr),
-    \qquad s = \frac{1}{\sqrt{d \cdot f}},\quad f = 1 + \#\text{terms},
+
+    s = \frac{1}{\sqrt{d \cdot f}},\quad f = 1 + \#\text{terms},
 
 with ``b = bucket(r)`` the bucketed key-minus-query distance and
 ``row(u) = clamp(u, -(S - 1), S) + S - 1``.
@@ -452,8 +453,10 @@ def deberta_attention(
 ) -> Any:
     r"""Disentangled attention: content, c2p and p2c, scaled by ``1/sqrt(d f)``.
 
-    .. math:: w = \operatorname{softmax}\bigl(s\,(q k^\top + \text{c2p} + \text{p2c})\bigr),
-              \quad s = 1 / \sqrt{d\,(1 + \#\text{tables})}
+    .. math::
+        w = \operatorname{softmax}\bigl(s\,(q k^\top + \text{c2p} + \text{p2c})\bigr),
+
+        s = 1 / \sqrt{d\,(1 + \#\text{tables})}
 
     Parameters
     ----------
@@ -518,7 +521,7 @@ def deberta_attention_vjp(
 
     .. math::
         \bar{K}^r_c = \sum_{r:\ \text{row}(r) = c}\ \sum_i \bar{P}^\text{rel}_{ir}\, q_i,
-        \qquad
+
         \bar{Q}^r_c = \sum_{r:\ \text{row}(r) = c}\ \sum_j \bar{P}^\text{rel}_{jr}\, k_j,
 
     and :math:`\bar{q}` (:math:`\bar{k}`) gains the rows of :math:`K^r`

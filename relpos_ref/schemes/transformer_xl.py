@@ -11,7 +11,8 @@ sum of four terms, scaled together:
              + \underbrace{q_i \cdot p_{\delta_{ij}}}_{(b)}
              + \underbrace{u \cdot k_j}_{(c)}
              + \underbrace{v \cdot p_{\delta_{ij}}}_{(d)}\bigr),
-    \qquad p_\delta = W_R^\top R_{\text{clamp}(\delta)},
+
+    p_\delta = W_R^\top R_{\text{clamp}(\delta)},
 
 where ``R_δ = [sin(δ ω_0) .. sin(δ ω_{m-1}), cos(δ ω_0) .. cos(δ ω_{m-1})]``
 is the sinusoid of width ``d_model = 2m`` with ``ω_c = base^{-2c / d_model}``,
@@ -133,9 +134,11 @@ def transformer_xl_embedding(
 ) -> Any:
     r"""Sinusoid ``R_δ`` of each distance: sines first, then cosines.
 
-    .. math:: R_\delta = [\sin(\delta\omega_0), \dots, \sin(\delta\omega_{m-1}),
-              \cos(\delta\omega_0), \dots, \cos(\delta\omega_{m-1})],
-              \qquad \omega_c = \text{base}^{-2c/d_\text{model}}
+    .. math::
+        R_\delta = [\sin(\delta\omega_0), \dots, \sin(\delta\omega_{m-1}),
+        \cos(\delta\omega_0), \dots, \cos(\delta\omega_{m-1})],
+
+        \omega_c = \text{base}^{-2c/d_\text{model}}
 
     Parameters
     ----------
@@ -397,8 +400,10 @@ def transformer_xl_attention(
 ) -> Any:
     r"""Transformer-XL attention over a memory and the current segment.
 
-    .. math:: w = \operatorname{softmax}\bigl(s\,(q k^\top + P)\bigr),\quad
-              P_{ij} = (q_i + v) \cdot W_R^\top R_{\text{clamp}(\delta_{ij})} + u \cdot k_j
+    .. math::
+        w = \operatorname{softmax}\bigl(s\,(q k^\top + P)\bigr),
+
+        P_{ij} = (q_i + v) \cdot W_R^\top R_{\text{clamp}(\delta_{ij})} + u \cdot k_j
 
     Parameters
     ----------
@@ -483,7 +488,8 @@ def transformer_xl_attention_vjp(
 
     .. math::
         \bar{q}_i \mathrel{+}= \sum_r \bar{P}^\text{rel}_{ir}\, p_r, \quad
-        \bar{v} = \sum_i \sum_r \bar{P}^\text{rel}_{ir}\, p_r, \quad
+        \bar{v} = \sum_i \sum_r \bar{P}^\text{rel}_{ir}\, p_r,
+
         \bar{W}_R = \sum_r R_{\text{clamp}(-r)} \Bigl(\sum_i \bar{P}^\text{rel}_{ir}
         (q_i + v)\Bigr)^\top,
 
