@@ -125,6 +125,24 @@ def plot_report(golden: str | os.PathLike[str], obtained: str | os.PathLike[str]
 
     Only the arrays outside their tolerance are drawn; a case that fails
     only for a missing array has nothing to draw. Returns the PNGs written.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from relpos_ref import golden
+    >>> from relpos_ref.golden.fileformat import dumps
+    >>> root = Path(tempfile.mkdtemp())
+    >>> cases = golden.default_cases().select(["bias/clip/*"], dtypes=["float32"])
+    >>> _ = golden.generate(root / "golden", cases)
+    >>> case = golden.load_suite(root / "golden").load(cases[0].id)
+    >>> (root / "mine").mkdir()
+    >>> wrong = case.expected["output"][..., ::-1, :].astype("float32")  # queries reversed
+    >>> data = dumps({"output": wrong}, "safetensors")
+    >>> _ = (root / "mine" / case.entry["file"]).write_bytes(data)
+    >>> report = golden.check(root / "golden", root / "mine")
+    >>> [p.name for p in plot_report(root / "golden", root / "mine", report, root / "plots")]
+    ['bias__clip__b1-h3-q7-k11-d8-K3__float32__s0.png']
     """
     from .fileformat import loads_file
     from .suite import _result_files, load_suite

@@ -134,6 +134,20 @@ class GoldenCase:
         bfloat16 inputs arrive as the library's bfloat16 (``torch.from_numpy``
         refuses them). `device` is the library's device (``"cuda:0"``, a JAX
         device, ...); `cotangent` adds ``d_output`` for a backward pass.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from relpos_ref import golden
+        >>> out = tempfile.mkdtemp() + "/golden"
+        >>> cases = golden.default_cases().select(["bias/clip/*"], dtypes=["bfloat16"])
+        >>> _ = golden.generate(out, cases)
+        >>> case = golden.load_suite(out).load(cases[0].id)
+        >>> x = case.inputs_as("torch", cotangent=True)  # doctest: +SKIP
+        >>> x["q"].dtype, sorted(x)  # doctest: +SKIP
+        (torch.bfloat16, ['d_output', 'k', 'q', 'table', 'v'])
+        >>> sorted(case.inputs_as("numpy"))
+        ['k', 'q', 'table', 'v']
         """
         from .. import backends
 
