@@ -176,8 +176,13 @@ class Scheme:
                           q_offset=q_offset, options=complete)
 
     def options_from(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """A call's options from golden case parameters (an option named like a size reads it)."""
-        by_size = {s.name: params[s.key] for s in self.sizes if s.key in params}
+        """A call's options from golden case parameters (an option named like a size reads it).
+
+        A size left at ``None`` (``P``, when a table is symmetric) gives no
+        option, so the call is the one written without it.
+        """
+        by_size = {s.name: params[s.key] for s in self.sizes
+                   if params.get(s.key) is not None}
         named = {o.name: by_size.get(o.name, params.get(o.name)) for o in self.options}
         return {name: value for name, value in named.items()
                 if name in by_size or name in params}

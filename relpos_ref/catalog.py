@@ -23,9 +23,11 @@ Examples
 >>> from relpos_ref import catalog
 >>> entry = catalog.get("shaw")
 >>> [t.name for t in entry.tables], entry.option_defaults()
-(['key_table', 'value_table'], {'beyond': 'clip'})
+(['key_table', 'value_table'], {'beyond': 'clip', 'max_past': None})
 >>> entry.table_shapes({"K": 4}, d=8, d_v=4)
 {'key_table': (9, 8), 'value_table': (9, 4)}
+>>> entry.table_shapes({"K": 4, "P": 6}, d=8, d_v=4)  # asymmetric: r = -6 .. 4
+{'key_table': (11, 8), 'value_table': (11, 4)}
 >>> catalog.get("t5").defaults.scale(64, ())
 1.0
 """
@@ -68,13 +70,29 @@ __all__ = [
 ]
 
 
-_K = Size("K", "max_distance", 4, "the largest |r| with a row of its own")
+_K = Size("K", "max_distance", 4,
+          "the largest |r| with a row of its own (the largest future r with P)")
+_P = Size("P", "max_past", None,
+          "asymmetric clipping: the largest past -r with a row of its own; default K")
 _BEYOND = Option("beyond", "distances beyond the table: 'clip', 'zero' or 'error'",
                  ("clip", "zero", "error"), grid=True)
+_MAX_PAST = Option("max_past", "the largest past distance -r with a row (rows r = -P .. K); "
+                   "None: K, a symmetric table", grid=True)
+
+
+def _two_sided_rows(sizes: Mapping[str, Any]) -> int:
+    """``P + K + 1``: rows for ``r = -P .. K`` (``P = K`` unless given)."""
+    past = sizes.get("P")
+    return sizes["K"] + (sizes["K"] if past is None else past) + 1
 
 
 def _two_sided(name: str, what: str, width: str | None) -> Table:
-    return Table(name, lambda s: 2 * s["K"] + 1, "2K + 1", width, f"{what}, row r + K")
+    return Table(name, _two_sided_rows, "2K + 1, or P + K + 1", width,
+                 f"{what}, row r + K, or r + P")
+
+
+def _two_sided_label(p: Mapping[str, Any]) -> str:
+    return f"K{p['K']}" + ("" if p.get("P") is None else f"-P{p['P']}")
 
 
 _ENTRIES = (
@@ -100,18 +118,18 @@ _ENTRIES = (
         "shaw", "Shaw et al. (2018)",
         "q . a^K[clip(r)] added to the logits, sum_j w_ij a^V[clip(r)] to the outputs",
         shaw, shaw.shaw_attention, ad.shaw_check, ad.shaw_terms, ad.two_sided_indices,
-        lambda p: f"K{p['K']}", sizes=(_K,),
+        _two_sided_label, sizes=(_K, _P),
         tables=(_two_sided("key_table", "a^K", "d"),
-                Table("value_table", lambda s: 2 * s["K"] + 1, "2K + 1", "d_v",
-                      "a^V, row r + K", switch="values")),
-        options=(_BEYOND,), values=ad.shaw_values, benchmark=lambda t: {"K": 16},
+                Table("value_table", _two_sided_rows, "2K + 1, or P + K + 1", "d_v",
+                      "a^V, row r + K, or r + P", switch="values")),
+        options=(_BEYOND, _MAX_PAST), values=ad.shaw_values, benchmark=lambda t: {"K": 16},
         vjp=shaw.shaw_attention_vjp,
     ),
     Scheme(
         "bias", "a learned scalar per distance", "b[clip(r)] per head, added after scaling",
         bias, bias.bias_attention, ad.bias_check, ad.bias_terms, ad.two_sided_indices,
-        lambda p: f"K{p['K']}", sizes=(_K,), tables=(_two_sided("table", "b", None),),
-        options=(_BEYOND,), benchmark=lambda t: {"K": 16},
+        _two_sided_label, sizes=(_K, _P), tables=(_two_sided("table", "b", None),),
+        options=(_BEYOND, _MAX_PAST), benchmark=lambda t: {"K": 16},
         vjp=bias.bias_attention_vjp,
     ),
     Scheme(

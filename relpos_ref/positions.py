@@ -210,31 +210,44 @@ def check_integer_array(xp: Any, name: str, r: Any) -> None:
         raise TypeError(msg)
 
 
-def table_index(r: Any, /, max_distance: int, *, beyond: str = "clip") -> TableIndex:
+def table_index(
+    r: Any, /, max_distance: int, *, beyond: str = "clip", max_past: int | None = None
+) -> TableIndex:
     r"""Row of a two-sided relative table for each distance.
 
     The table has ``2K + 1`` rows for distances ``r = -K .. +K``:
 
     .. math:: \text{index}(r) = \operatorname{clip}(r, -K, K) + K
 
+    or, with `max_past` ``P`` (asymmetric clipping, left and right maxima
+    that differ, as wav2vec2-BERT's ``relative_key``), ``P + K + 1`` rows for
+    ``r = -P .. +K``:
+
+    .. math:: \text{index}(r) = \operatorname{clip}(r, -P, K) + P
+
     Parameters
     ----------
     r : integer array, any shape
         Key-minus-query distances, e.g. from `relative_positions`.
     max_distance : int
-        ``K >= 0``, the largest distance with a row of its own.
+        ``K >= 0``, the largest distance with a row of its own (the largest
+        future one when `max_past` is given).
     beyond : {"clip", "zero", "error"}, optional
-        What a distance with ``|r| > K`` gets. ``"clip"`` (Shaw et al.): the
-        row of ``±K``, valid. ``"zero"``: flagged invalid, so the caller
-        zeroes its term (the index still points at the clipped row, so
-        gathering with it is safe). ``"error"``: a `ValueError`; this reads
+        What a distance with ``|r| > K`` (``r < -P`` or ``r > K``) gets.
+        ``"clip"`` (Shaw et al.): the row of ``-P`` or ``K``, valid.
+        ``"zero"``: flagged invalid, so the caller zeroes its term (the
+        index still points at the clipped row, so gathering with it is
+        safe). ``"error"``: a `ValueError`; this reads
         ``min(r)`` and ``max(r)`` back to the host, so under jit use
         `check_distances_in_table` on the host instead.
+    max_past : int, optional
+        ``P >= 0``, the largest past distance ``-r`` with a row of its own;
+        default ``K``.
 
     Returns
     -------
     TableIndex
-        ``index`` (same shape and dtype as `r`, values in ``[0, 2K]``) and
+        ``index`` (same shape and dtype as `r`, values in ``[0, P + K]``) and
         ``valid`` (bool, same shape).
 
     Examples
@@ -248,16 +261,20 @@ def table_index(r: Any, /, max_distance: int, *, beyond: str = "clip") -> TableI
     >>> table_index(r, 2, beyond="zero").valid
     Array([[False,  True,  True,  True,  True,
              True, False]], dtype=array_api_strict.bool)
+    >>> table_index(r, 1, max_past=2).index  # rows for r = -2 .. 1
+    Array([[0, 0, 1, 2, 3, 3, 3]], dtype=array_api_strict.int64)
     """
     xp = _xp.array_namespace(r)
     check_integer_array(xp, "r", r)
     k = nonnegative_int("max_distance", max_distance)
+    past = k if max_past is None else nonnegative_int("max_past", max_past)
     check_choice("beyond", beyond, BEYOND_POLICIES)
     if beyond == "error":
-        _check_array_in_table(xp, r, -k, k, f"max_distance={k}")
-    index = xp.clip(r, -k, k) + k
+        what = f"max_distance={k}" if max_past is None else f"max_past={past}, max_distance={k}"
+        _check_array_in_table(xp, r, -past, k, what)
+    index = xp.clip(r, -past, k) + past
     if beyond == "zero":
-        valid = (r >= -k) & (r <= k)
+        valid = (r >= -past) & (r <= k)
     else:
         valid = xp.ones(r.shape, dtype=xp.bool, device=_xp.device(r))
     return TableIndex(index, valid)

@@ -6,23 +6,25 @@ learned table into our canonical layout (sign flips, row order, per-head
 axis, scaling). Conversions are plain array API operations, so they take
 NumPy, torch, JAX or CuPy tables.
 
-========================  ========  ==========================================================
-preset                    scheme    what differs from the canonical layout
-========================  ========  ==========================================================
-tensor2tensor-v1          shaw      nothing: rows ``clip(j - i, -K, K) + K``, clipped
-tensor2tensor-v2          music     nothing but the policy: distances past the table are 0
-hf-bert-relative-key      general   query minus key: row ``i - j + P - 1`` (``future_to_past``)
-hf-bert-relative-key-query general  as relative_key, plus the key-side term (`bert_key_query`)
-hf-t5                     t5        table ``(num_buckets, h)``: transpose; never scaled
-x-transformers-t5         t5        table ``(num_buckets, h)`` times the module's ``scale``
-x-transformers-alibi      alibi     nothing: ``-m |j - i|``, end-aligned queries
-bottleneck-transformer    grid2d    nothing: ``rel_height``, ``rel_width`` rows key minus query
-swin                      swin      query minus key and ``(n, h)``: transpose and reverse rows
-diagonal-future-to-past   general   rows run future to past: reverse them (or pass ``order``)
-transformer-xl            txl       ``r_net`` weight ``(h d, d_model)``: split heads, transpose
-xlnet                     txl       ``r`` ``(d_model, h, d)``: heads first; ``bi`` = not causal
-hf-deberta-v2             deberta   rows ``i - j + S``: reverse them; ``(2S, h d)``: split heads
-========================  ========  ==========================================================
+=============================  ========  ==========================================================
+preset                         scheme    what differs from the canonical layout
+=============================  ========  ==========================================================
+tensor2tensor-v1               shaw      nothing: rows ``clip(j - i, -K, K) + K``, clipped
+tensor2tensor-v2               music     the policy only: distances past the table are 0
+hf-bert-relative-key           general   query minus key: row ``i - j + P - 1``, future to past
+hf-bert-relative-key-query     general   relative_key plus a key-side term (`bert_key_query`)
+hf-wav2vec2-bert-relative-key  shaw      asymmetric clipping: ``max_past`` = left max; keys only
+hf-conformer-relative          txl       sin and cos interleaved: reorder ``linear_pos``
+hf-t5                          t5        table ``(num_buckets, h)``: transpose; never scaled
+x-transformers-t5              t5        table ``(num_buckets, h)`` times the module's ``scale``
+x-transformers-alibi           alibi     nothing: ``-m |j - i|``, end-aligned queries
+bottleneck-transformer         grid2d    nothing: ``rel_height``, ``rel_width`` key minus query
+swin                           swin      query minus key, ``(n, h)``: transpose, reverse rows
+diagonal-future-to-past        general   rows future to past: reverse them (or pass ``order``)
+transformer-xl                 txl       ``r_net`` ``(h d, d_model)``: split heads, transpose
+xlnet                          txl       ``r`` ``(d_model, h, d)``: heads first; ``bi``: not causal
+hf-deberta-v2                  deberta   rows ``i - j + S``: reverse; ``(2S, h d)``: split heads
+=============================  ========  ==========================================================
 
 (``txl`` is ``transformer_xl``.)
 
@@ -76,6 +78,16 @@ def _xlnet(table: Any, **_: Any) -> Any:
     """XLNet's ``r`` ``(d_model, h, d)`` -> ``(h, d_model, d)``."""
     xp = _xp.array_namespace(table)
     return xp.permute_dims(table, (1, 0, 2))
+
+
+def _conformer(table: Any, *, heads: int) -> Any:
+    """A Conformer ``linear_pos`` weight ``(h d, d_model)`` over interleaved sinusoids
+    ``[sin w_0, cos w_0, sin w_1, ...]`` -> ``(h, d_model, d)`` over ours, sines first."""
+    xp = _xp.array_namespace(table)
+    d_model = table.shape[-1]
+    sines_first = list(range(0, d_model, 2)) + list(range(1, d_model, 2))
+    order = xp.asarray(sines_first, device=_xp.device(table))
+    return xp.take(_linear_heads_first(table, heads=heads), order, axis=1)
 
 
 def _deberta(table: Any, *, heads: int) -> Any:
@@ -211,21 +223,59 @@ PRESETS: Mapping[str, Preset] = {
         ),
         Preset(
             "hf-bert-relative-key",
-            "transformers BertSelfAttention, position_embedding_type='relative_key'",
+            "transformers 4.x BertSelfAttention (and RoBERTa, ELECTRA, LayoutLM), "
+            "position_embedding_type='relative_key'; removed in transformers 5 "
+            "(huggingface/transformers#41170)",
             "general",
             {"order": "future_to_past"},
             "distance = position_ids_l - position_ids_r = i - j (query minus key), row "
-            "i - j + P - 1 of distance_embedding (2P - 1, d): our table read future to past; "
-            "the term is added before dividing by sqrt(d), as ours.",
-            "worked example (tests/test_presets.py)",
+            "i - j + P - 1 of distance_embedding (2P - 1, d), P = max_position_embeddings: "
+            "our table read future to past; the term is added before dividing by sqrt(d), "
+            "as ours. transformers 5 has no relative_key in BERT-like models; checkpoints "
+            "trained with it need transformers < 5.",
+            "worked example (tests/test_presets.py); peer test (tests/test_peers.py) where "
+            "transformers < 5 is installed",
         ),
         Preset(
             "hf-bert-relative-key-query",
-            "transformers BertSelfAttention, position_embedding_type='relative_key_query'",
+            "transformers 4.x BertSelfAttention, position_embedding_type="
+            "'relative_key_query'; removed in transformers 5 (huggingface/transformers#41170)",
             "general",
             {"order": "future_to_past"},
             "as relative_key plus k_j . E[i - j + P - 1]; bert_key_query computes both.",
-            "worked example (tests/test_presets.py)",
+            "worked example (tests/test_presets.py); peer test (tests/test_peers.py) where "
+            "transformers < 5 is installed",
+        ),
+        Preset(
+            "hf-wav2vec2-bert-relative-key",
+            "transformers Wav2Vec2BertSelfAttention, position_embeddings_type='relative_key' "
+            "(transformers 4 and 5)",
+            "shaw",
+            {"max_past": 64, "beyond": "clip"},
+            "distance = position_ids_r - position_ids_l = j - i (ours), clamped to "
+            "[-left_max_position_embeddings, right_max_position_embeddings] and shifted by "
+            "the left maximum: our index with max_past = left_max_position_embeddings "
+            "(64 by default) and K = right_max_position_embeddings (8), so "
+            "distance_embedding (left + right + 1, head_size) is our key_table unchanged, "
+            "shared by heads; no value table; the term is scaled with q . k by "
+            "head_size^-0.5; start-aligned self-attention.",
+            "peer test (tests/test_peers.py) against transformers",
+        ),
+        Preset(
+            "hf-conformer-relative",
+            "transformers Wav2Vec2ConformerSelfAttention and Wav2Vec2BertSelfAttention, "
+            "position_embeddings_type='relative' (the Conformer's, from ESPnet)",
+            "transformer_xl",
+            {"causal": False, "clamp_len": None, "q_offset": 0},
+            "Transformer-XL's four terms without a memory: the rel_shift reads pe row "
+            "T - 1 - (i - j), the sinusoid of i - j (query minus key, ours); pe interleaves "
+            "sin and cos per frequency ([sin w_0, cos w_0, ...]) where ours puts the sines "
+            "first, so to_canonical(linear_pos.weight, heads=h) splits heads and reorders "
+            "the d_model axis; pos_bias_u and pos_bias_v (h, d) are content_bias and "
+            "position_bias; every key is visible (causal=False); scale head_size^-0.5 on "
+            "all four terms. transformers builds pe in float32.",
+            "peer test (tests/test_peers.py) against transformers",
+            _conformer,
         ),
         Preset(
             "hf-t5",

@@ -213,14 +213,18 @@ def relative_attention(
     return out, weights, position
 
 
-def shaw_row(table, k_max, beyond, q_offset):
-    """Shaw et al.: row clip(r, -K, K) + K; under "zero" no term beyond the table."""
+def shaw_row(table, k_max, beyond, q_offset, past=None):
+    """Shaw et al.: row clip(r, -K, K) + K; under "zero" no term beyond the table.
+
+    With `past` P (asymmetric clipping, wav2vec2-BERT): row clip(r, -P, K) + P.
+    """
+    past = k_max if past is None else past
 
     def row(h, i, j):
         r = j - (i + q_offset)
-        if abs(r) > k_max and beyond == "zero":
+        if not -past <= r <= k_max and beyond == "zero":
             return None
-        return np.asarray(table_row(table, h, max(-k_max, min(k_max, r)) + k_max), float)
+        return np.asarray(table_row(table, h, max(-past, min(k_max, r)) + past), float)
 
     return row
 
@@ -268,14 +272,18 @@ def grid2d_row(row_table, col_table, height, width):
     return row
 
 
-def bias_value(table, k_max, beyond, q_offset):
-    """A learned scalar b[clip(r) + K]; zero beyond the table under "zero"."""
+def bias_value(table, k_max, beyond, q_offset, past=None):
+    """A learned scalar b[clip(r) + K]; zero beyond the table under "zero".
+
+    With `past` P: b[clip(r, -P, K) + P].
+    """
+    past = k_max if past is None else past
 
     def value(h, i, j):
         r = j - (i + q_offset)
-        if abs(r) > k_max and beyond == "zero":
+        if not -past <= r <= k_max and beyond == "zero":
             return 0.0
-        return float(table_row(table, h, max(-k_max, min(k_max, r)) + k_max, scalar=True))
+        return float(table_row(table, h, max(-past, min(k_max, r)) + past, scalar=True))
 
     return value
 

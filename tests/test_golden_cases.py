@@ -118,12 +118,13 @@ def _reference_terms(case, x):
     if s == "absolute":
         return {"key_row": ref.absolute_row(x["table"])}
     if s == "shaw":
-        out = {"key_row": ref.shaw_row(x["key_table"], p["K"], p["beyond"], off)}
+        out = {"key_row": ref.shaw_row(x["key_table"], p["K"], p["beyond"], off, p["P"])}
         if "value_table" in x:
-            out["value_row"] = ref.shaw_row(x["value_table"], p["K"], p["beyond"], off)
+            out["value_row"] = ref.shaw_row(x["value_table"], p["K"], p["beyond"], off,
+                                            p["P"])
         return out
     if s == "bias":
-        return {"bias_value": ref.bias_value(x["table"], p["K"], p["beyond"], off)}
+        return {"bias_value": ref.bias_value(x["table"], p["K"], p["beyond"], off, p["P"])}
     if s == "music":
         out = {"key_row": ref.music_row(x["table"], p["beyond"], off)}
         if "value_table" in x:

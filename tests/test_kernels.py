@@ -61,6 +61,8 @@ def _lengths(draw, scheme):
     if scheme in ("shaw", "bias"):
         sizes["K"] = draw(st.integers(0, 4))
         options["beyond"] = draw(st.sampled_from(["clip", "zero", "error"]))
+        if draw(st.booleans()):  # asymmetric clipping: rows for r = -P .. K
+            sizes["P"] = options["max_past"] = draw(st.integers(0, 4))
     elif scheme == "music":
         sizes["M"] = draw(st.integers(1, 12))
         options["beyond"] = draw(st.sampled_from(["clip", "zero"]))
@@ -365,16 +367,18 @@ def test_softmax_in_place_asks_for_terms_block_by_block_and_only_for_visible_key
     np.testing.assert_array_equal(got, want)
 
 
-def _standard_shaw(content, x, *, k_max, q_offset, scale, mask, causal):
+def _standard_shaw(content, x, *, k_max, q_offset, scale, mask, causal, past=None):
     t_q, t_k = content.shape[-2:]
-    index = rp.table_index(rp.relative_positions(t_q, t_k, q_offset=q_offset, xp=xp), k_max)
+    past = k_max if past is None else past
+    index = rp.table_index(rp.relative_positions(t_q, t_k, q_offset=q_offset, xp=xp), k_max,
+                           max_past=past)
     position = rp.take_per_row(x, index.index)
     weights = _standard(content, scale=scale, position=position, mask=mask, causal=causal,
                         q_offset=q_offset)
-    n = 2 * k_max + 1
+    n = past + k_max + 1
     r = np.arange(t_k)[None, :] - (np.arange(t_q)[:, None] + q_offset)
-    bins = np.asarray(rp.to_relative(weights, n, offset=k_max, q_offset=q_offset)).copy()
-    bins[..., 0] += np.sum(np.where(r < -k_max, weights, 0.0), axis=-1)
+    bins = np.asarray(rp.to_relative(weights, n, offset=past, q_offset=q_offset)).copy()
+    bins[..., 0] += np.sum(np.where(r < -past, weights, 0.0), axis=-1)
     bins[..., n - 1] += np.sum(np.where(r > k_max, weights, 0.0), axis=-1)
     return weights, bins
 
@@ -386,6 +390,7 @@ def _standard_shaw(content, x, *, k_max, q_offset, scale, mask, causal):
     t_k=st.integers(1, 30),
     q_offset=st.integers(-40, 40),
     k_max=st.integers(0, 6),
+    past=st.sampled_from([None, 0, 2, 5]),
     mask=st.sampled_from(["none", "random"]),
     causal=st.booleans(),
     block_bytes=st.sampled_from([1, 300, 2**20]),
@@ -393,22 +398,23 @@ def _standard_shaw(content, x, *, k_max, q_offset, scale, mask, causal):
     seed=st.integers(0, 99),
 )
 def test_clipped_table_softmax_equals_the_standard_composition_and_bins(
-    batch, shared_table, t_q, t_k, q_offset, k_max, mask, causal, block_bytes, scale, seed
+    batch, shared_table, t_q, t_k, q_offset, k_max, past, mask, causal, block_bytes, scale, seed
 ):
-    n = 2 * k_max + 1
+    n = (k_max if past is None else past) + k_max + 1
     rng = np.random.default_rng(seed)
     content = rng.standard_normal((*batch, t_q, t_k)) * 3
     x = rng.standard_normal((*batch[-1:], t_q, n) if not shared_table else (t_q, n)) * 3
     allowed = None if mask == "none" else rng.random((t_q, t_k)) < 0.6
     with mock.patch.object(_numpy_blocks, "BLOCK_BYTES", block_bytes):
-        fused = clipped_table_softmax(content.copy(), x, max_distance=k_max, q_offset=q_offset,
-                                      scale=scale, mask=allowed, causal=causal, bins=True)
+        fused = clipped_table_softmax(content.copy(), x, max_distance=k_max, max_past=past,
+                                      q_offset=q_offset, scale=scale, mask=allowed,
+                                      causal=causal, bins=True)
     if n > t_k:  # a band wider than the keys: the kernel hands the call back
         assert fused is None
         return
     weights, bins = fused
     want_w, want_bins = _standard_shaw(content, x, k_max=k_max, q_offset=q_offset,
-                                       scale=scale, mask=allowed, causal=causal)
+                                       scale=scale, mask=allowed, causal=causal, past=past)
     np.testing.assert_allclose(weights, want_w, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(bins, want_bins, rtol=1e-12, atol=1e-15)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import relpos_ref as rp
-from relpos_ref.presets import PRESETS
+from relpos_ref.presets import PRESETS, bert_key_query
 
 pytestmark = pytest.mark.peers
 torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -191,3 +191,119 @@ def test_xlnet_relative_attention_equals_transformer_xl(attn_type, clamp_len, ql
     # XLNet builds the sinusoids in float32: agreement to ~1e-7
     np.testing.assert_allclose(out, heads_first(vec), rtol=0, atol=1e-6)
     np.testing.assert_allclose(w, prob.permute(2, 3, 0, 1).numpy(), rtol=0, atol=1e-6)
+
+
+def _wav2vec2_bert_attention(position_type: str, heads: int, d: int, **config: int):
+    """A float64 Wav2Vec2BertSelfAttention with random weights, and its module."""
+    w2v = _need("transformers.models.wav2vec2_bert.modeling_wav2vec2_bert")
+    from transformers import Wav2Vec2BertConfig
+
+    cfg = Wav2Vec2BertConfig(hidden_size=heads * d, num_attention_heads=heads,
+                             position_embeddings_type=position_type, attention_dropout=0.0,
+                             **config)
+    cfg._attn_implementation = "eager"
+    layer = w2v.Wav2Vec2BertSelfAttention(cfg).double().eval()
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    return w2v, cfg, layer
+
+
+def _projected(layer, x, heads, d):
+    """q, k, v of `layer` on hidden states `x` (1, t, h d), heads first, as NumPy."""
+    def split(linear):
+        return linear(x).view(1, -1, heads, d).transpose(1, 2).detach().numpy()
+    return split(layer.linear_q), split(layer.linear_k), split(layer.linear_v)
+
+
+@pytest.mark.parametrize(("left", "right", "t"), [(64, 8, 20), (3, 1, 9), (1, 5, 12), (0, 2, 4)])
+def test_wav2vec2_bert_relative_key_equals_asymmetric_shaw(left, right, t):
+    torch.manual_seed(2)
+    heads, d = 2, 4
+    _, _, layer = _wav2vec2_bert_attention(
+        "relative_key", heads, d, left_max_position_embeddings=left,
+        right_max_position_embeddings=right)
+    x = torch.randn(1, t, heads * d, dtype=torch.float64)
+    with torch.no_grad():
+        theirs, weights = layer(x)
+    preset = PRESETS["hf-wav2vec2-bert-relative-key"]
+    params = {**preset.params, "max_past": left}
+    q, k, v = _projected(layer, x, heads, d)
+    table = preset.to_canonical(layer.distance_embedding.weight.detach().numpy())
+    out, w = rp.shaw_attention(q, k, v, table, return_weights=True, **params)
+    with torch.no_grad():
+        ours = layer.linear_out(torch.from_numpy(out.transpose(0, 2, 1, 3).reshape(1, t, -1)))
+    np.testing.assert_allclose(w, weights.numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("model", ["wav2vec2_bert", "wav2vec2_conformer"])
+@pytest.mark.parametrize("t", [1, 7, 16])
+def test_conformer_relative_attention_equals_transformer_xl(model, t):
+    torch.manual_seed(3)
+    heads, d = 2, 4
+    if model == "wav2vec2_bert":
+        w2v, cfg, layer = _wav2vec2_bert_attention("relative", heads, d)
+        embed = w2v.Wav2Vec2BertRelPositionalEmbedding(cfg)
+    else:
+        w2v = _need("transformers.models.wav2vec2_conformer.modeling_wav2vec2_conformer")
+        from transformers import Wav2Vec2ConformerConfig
+
+        cfg = Wav2Vec2ConformerConfig(hidden_size=heads * d, num_attention_heads=heads,
+                                      position_embeddings_type="relative",
+                                      attention_dropout=0.0)
+        cfg._attn_implementation = "eager"
+        layer = w2v.Wav2Vec2ConformerSelfAttention(cfg).double().eval()
+        for p in layer.parameters():
+            torch.nn.init.normal_(p, std=0.5)
+        embed = w2v.Wav2Vec2ConformerRelPositionalEmbedding(cfg)
+    x = torch.randn(1, t, heads * d, dtype=torch.float64)
+    with torch.no_grad():
+        pe = embed(x)
+        theirs, weights = layer(x, relative_position_embeddings=pe)
+    preset = PRESETS["hf-conformer-relative"]
+    q, k, v = _projected(layer, x, heads, d)
+    w_r = preset.to_canonical(layer.linear_pos.weight.detach().numpy(), heads=heads)
+    out, w = rp.transformer_xl_attention(
+        q, k, v, w_r, layer.pos_bias_u.detach().numpy(), layer.pos_bias_v.detach().numpy(),
+        return_weights=True, **preset.params)
+    with torch.no_grad():
+        ours = layer.linear_out(torch.from_numpy(out.transpose(0, 2, 1, 3).reshape(1, t, -1)))
+    # transformers builds the sinusoids in float32: agreement to ~1e-6
+    np.testing.assert_allclose(w, weights.numpy(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["relative_key", "relative_key_query"])
+@pytest.mark.parametrize("t", [1, 5, 8])
+def test_bert_relative_key_equals_general(kind, t):
+    transformers = _need("transformers")
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        pytest.skip("transformers 5 removed relative_key from BERT "
+                    "(huggingface/transformers#41170): needs transformers < 5")
+    bert = _need("transformers.models.bert.modeling_bert")
+    torch.manual_seed(4)
+    heads, d, positions = 2, 4, 8
+    config = bert.BertConfig(hidden_size=heads * d, num_attention_heads=heads,
+                             max_position_embeddings=positions, position_embedding_type=kind,
+                             attention_probs_dropout_prob=0.0)
+    layer = bert.BertSelfAttention(config).double().eval()
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    x = torch.randn(1, t, heads * d, dtype=torch.float64)
+    with torch.no_grad():
+        theirs, weights = layer(x, output_attentions=True)[:2]
+
+    def split(linear):
+        return linear(x).view(1, t, heads, d).transpose(1, 2).detach().numpy()
+
+    q, k, v = split(layer.query), split(layer.key), split(layer.value)
+    preset = PRESETS[f"hf-bert-{kind.replace('_', '-')}"]
+    table = preset.to_canonical(layer.distance_embedding.weight.detach().numpy())
+    if kind == "relative_key":
+        out, w = rp.general_attention(q, k, v, table, return_weights=True, **preset.params)
+    else:
+        out, w = rp.attention(q, k, v, position=bert_key_query(q, k, table),
+                              return_weights=True)
+    np.testing.assert_allclose(w, weights.numpy(), rtol=0, atol=1e-12)
+    ours = out.transpose(0, 2, 1, 3).reshape(1, t, heads * d)
+    np.testing.assert_allclose(ours, theirs.numpy(), rtol=0, atol=1e-12)

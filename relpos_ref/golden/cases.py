@@ -60,7 +60,7 @@ def scheme_defaults(entry: catalog.Scheme) -> dict[str, Any]:
     Examples
     --------
     >>> scheme_defaults(catalog.get("shaw"))
-    {'K': 4, 'beyond': 'clip', 'values': True}
+    {'K': 4, 'P': None, 'beyond': 'clip', 'values': True}
     """
     out: dict[str, Any] = {s.key: s.default for s in entry.sizes}
     size_names = {s.name for s in entry.sizes}
@@ -348,12 +348,17 @@ def _base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
         ("shaw", "masked", {"h": 2, "t_q": 8, "t_k": 8, "d": 8, "K": 2, "masked": True}),
         ("shaw", "length-1", {"t_q": 1, "t_k": 1, "d": 4, "K": 2}),
         ("shaw", "keys-only", {"h": 2, "t_q": 6, "t_k": 6, "d": 8, "K": 2, "values": False}),
+        # asymmetric clipping (wav2vec2-BERT's relative_key): rows r = -P .. K
+        ("shaw", "asymmetric", {"h": 2, "t_q": 12, "t_k": 12, "d": 8, "K": 2, "P": 5,
+                                "values": False}),
         # bias: learned scalar per distance, added after scaling
         ("bias", "clip", {"h": 3, "t_q": 7, "t_k": 11, "d": 8, "K": 3, "per_head": True}),
         ("bias", "zero-causal", {"h": 3, "t_q": 11, "t_k": 11, "d": 8, "K": 3, "beyond": "zero",
                                  "causal": True, "per_head": True}),
         ("bias", "decode-step", {"h": 2, "t_q": 1, "t_k": 16, "d": 8, "K": 4, "causal": True,
                                  "q_offset": 15, "scale": 1.0}),
+        ("bias", "asymmetric-zero", {"h": 2, "t_q": 7, "t_k": 10, "d": 8, "K": 3, "P": 1,
+                                     "beyond": "zero", "per_head": True}),
         # music: one-sided causal table through the skew
         ("music", "skew", {"h": 2, "t_q": 16, "t_k": 16, "d": 8, "M": 16, "values": True}),
         ("music", "clip-end-aligned", {"h": 3, "t_q": 5, "t_k": 20, "d": 8, "M": 8,
@@ -417,7 +422,7 @@ def default_cases() -> CaseRegistry:
     --------
     >>> reg = default_cases()
     >>> len(reg), len({c.scheme for c in reg})
-    (144, 12)
+    (152, 12)
     >>> sorted({c.scheme for c in reg})[:6]
     ['absolute', 'alibi', 'bias', 'deberta', 'general', 'grid2d']
     """
@@ -451,6 +456,23 @@ def cases_from_toml(path: str | os.PathLike[str]) -> CaseRegistry:
     ValueError
         A file that is not TOML, a missing or unknown key, or a case that
         `Case.make` refuses; the message names the file and the case's number.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> path = Path(tempfile.mkdtemp()) / "cases.toml"
+    >>> _ = path.write_text('''
+    ... [[case]]
+    ... scheme = "shaw"
+    ... variant = "long"
+    ... dtypes = ["float32"]
+    ... seeds = [0, 1]
+    ... params = { h = 4, t_q = 128, t_k = 256, K = 16, causal = true }
+    ... ''')
+    >>> [c.id for c in cases_from_toml(path)]  # doctest: +NORMALIZE_WHITESPACE
+    ['shaw/long/b1-h4-q128-k256-d8-K16/float32/s0',
+     'shaw/long/b1-h4-q128-k256-d8-K16/float32/s1']
     """
     try:
         import tomllib

@@ -7,10 +7,12 @@ of them, in units of the case's tolerance. A variant within its tolerance
 names the bug. The variants, where they apply to a case:
 
 - ``table-reversed``: the relative table read in reverse row order, which
-  is the distance's sign flipped for two-sided tables (``j - i`` for ``i - j``);
+  is the distance's sign flipped for two-sided tables (``j - i`` for ``i - j``;
+  with asymmetric clipping, ``max_past`` and ``K`` trade places as well);
 - ``t5-halves-swapped``: T5's bidirectional buckets with the halves for
   ``r < 0`` and ``r > 0`` exchanged; ``alibi-sign-flipped``: the slopes negated;
-- ``clip-at-K-1``: the two-sided table clipped one distance early;
+- ``clip-at-K-1``: the two-sided table clipped one distance early (on both
+  sides: ``P - 1`` as well, with asymmetric clipping);
 - ``start-aligned`` / ``end-aligned``: queries at ``q_offset = 0`` or
   ``t_k - t_q`` instead of the case's offset;
 - ``bias-scaled``: the scale applied to an additive bias as well;
@@ -75,22 +77,42 @@ def _with_tables(call: Call, change: Callable[[catalog.Table, np.ndarray], np.nd
 
 
 def variants(scheme: str, call: Call, params: Mapping[str, Any]) -> Iterator[tuple[str, Call]]:
-    """The planted-mistake calls that apply to a case, as ``(name, call)``."""
+    """The planted-mistake calls that apply to a case, as ``(name, call)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from relpos_ref.golden import Case
+    >>> case = Case.make("bias", "x", t_q=3, t_k=5, K=2, q_offset=1)
+    >>> x = case.inputs()
+    >>> call = Call(x["q"], x["k"], x["v"], {"table": x["table"]}, None,
+    ...             {"scale": case.parameters["scale"], "q_offset": 1})
+    >>> [name for name, _ in variants("bias", call, case.parameters)][:4]
+    ['table-reversed', 'clip-at-K-1', 'start-aligned', 'end-aligned']
+    """
     entry = catalog.get(scheme)
     kwargs = call.kwargs
     scale = float(kwargs["scale"])
+    past = kwargs.get("max_past")  # asymmetric clipping: rows for r = -P .. K
     if scheme in _RELATIVE_TABLES:
-        yield "table-reversed", _with_tables(
+        reversed_call = _with_tables(
             call, lambda t, a: np.flip(a, axis=_row_axis(t)).copy(), entry)
+        if past is not None:  # reversed rows run from -K to P: the extents trade places
+            reversed_call = reversed_call.replace(
+                kwargs={**kwargs, "max_past": params["K"]})
+        yield "table-reversed", reversed_call
     if scheme == "t5" and kwargs.get("bidirectional"):
         yield "t5-halves-swapped", _with_tables(call, lambda t, a: _halves_swapped(a), entry)
     if scheme == "alibi":
         slopes = _slopes(kwargs, params["h"])
         yield "alibi-sign-flipped", call.replace(kwargs={**kwargs, "slopes": -slopes})
-    if scheme in _CLIPPED and params["K"] >= 2:
-        yield "clip-at-K-1", _with_tables(
+    if scheme in _CLIPPED and params["K"] >= 2 and (past is None or past >= 2):
+        early = _with_tables(
             call, lambda t, a: np.take(a, np.arange(1, a.shape[_row_axis(t)] - 1),
                                        axis=_row_axis(t)), entry)
+        if past is not None:
+            early = early.replace(kwargs={**early.kwargs, "max_past": past - 1})
+        yield "clip-at-K-1", early
     if "q_offset" in kwargs:
         t_q, t_k = params["t_q"], params["t_k"]
         if kwargs["q_offset"] != 0:
@@ -238,6 +260,23 @@ def diagnose_case(case: Any, output: Any) -> CaseDiagnosis:
     CaseDiagnosis
         The obtained output's distance from the golden and from each variant,
         in units of the case's ``output`` tolerance, nearest variant first.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import numpy as np
+    >>> import relpos_ref as rp
+    >>> from relpos_ref import golden
+    >>> out = tempfile.mkdtemp() + "/golden"
+    >>> cases = golden.default_cases().select(["bias/clip/*"], dtypes=["float64"])
+    >>> _ = golden.generate(out, cases)
+    >>> case = golden.load_suite(out).load(cases[0].id)
+    >>> x = case.inputs  # a kernel that reads the table backwards:
+    >>> wrong = rp.bias_attention(x["q"], x["k"], x["v"], np.flip(x["table"], -1),
+    ...                           **case.kwargs)
+    >>> found = diagnose_case(case, wrong)
+    >>> found.variants[0].name, found.variants[0].matches
+    ('table-reversed', True)
     """
     obtained = to_numpy(output).astype(np.float64)
     golden = case.expected["output"]
@@ -270,7 +309,27 @@ def diagnose(golden: str | os.PathLike[str], obtained: str | os.PathLike[str], *
 
     The results are read as `relpos_ref.golden.check` reads them (one file
     per case, named like the suite's); cases without a file are left out, a
-    file without ``output`` is an error.
+    file without ``output`` is an error (`relpos_ref.golden.SuiteError`).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> import numpy as np
+    >>> from relpos_ref import golden
+    >>> from relpos_ref.golden.fileformat import dumps
+    >>> root = Path(tempfile.mkdtemp())
+    >>> cases = golden.default_cases().select(["alibi/*"], dtypes=["float32"])
+    >>> _ = golden.generate(root / "golden", cases)
+    >>> suite = golden.load_suite(root / "golden")
+    >>> (root / "mine").mkdir()
+    >>> for cid in suite.cases:  # "results" that are the goldens themselves
+    ...     case = suite.load(cid)
+    ...     output = case.expected["output"].astype(np.float32)
+    ...     data = dumps({"output": output}, "safetensors")
+    ...     _ = (root / "mine" / case.entry["file"]).write_bytes(data)
+    >>> [d.matches_golden for d in diagnose(root / "golden", root / "mine")]
+    [True, True]
     """
     from .fileformat import loads_file
     from .paths import SuiteError

@@ -152,6 +152,7 @@ def clipped_table_softmax(
     /,
     *,
     max_distance: int,
+    max_past: int | None = None,
     q_offset: int,
     scale: float,
     mask: Any = None,
@@ -160,16 +161,18 @@ def clipped_table_softmax(
 ) -> tuple[np.ndarray, np.ndarray | None] | None:
     r"""Softmax of ``s (content + P)`` with ``P`` from a clipped table, in `content`.
 
-    ``P[..., i, j] = x[..., i, clip(r_ij, -K, K) + K]`` with
-    ``r_ij = j - (i + q_offset)`` and ``x = table_logits`` (``(..., t_q, 2K + 1)``,
-    broadcastable to ``content.shape[:-1]``): the Shaw et al. key term. Per
-    block of ``B`` query rows, keys left of the tile ``[a + q_offset - K,
-    a + q_offset + B + K)`` all read column 0 and keys right of it column
-    ``2K``. Shifting every row by its column ``2K`` (softmax is invariant to
-    a per-row constant), keys on the right need nothing and keys on the left
+    ``P[..., i, j] = x[..., i, clip(r_ij, -L, K) + L]`` with
+    ``r_ij = j - (i + q_offset)``, ``L`` = `max_past` (default ``K``) and
+    ``x = table_logits`` (``(..., t_q, n)``, ``n = L + K + 1``, broadcastable
+    to ``content.shape[:-1]``): the Shaw et al. key term. Per block of ``B``
+    query rows, keys left of the tile ``[a + q_offset - L, a + q_offset + B + K)``
+    all read column 0 and keys right of it column ``n - 1``. Shifting every
+    row by its column ``n - 1`` (softmax is invariant to a per-row
+    constant), keys on the right need nothing and keys on the left
     need one constant, which goes into the row maximum and the subtraction
     before the exponential instead of into the scores. Only the tile gets
-    ``P`` added, from a ``B x (B + 2K)`` buffer filled through a strided view.
+    ``P`` added, from a ``B x (B + n - 1)`` buffer filled through a strided
+    view.
 
     With ``bins=True`` the weights are also summed by table row on the way
     (the efficient relative-values term, `distance_bins` with clipping): the
@@ -178,12 +181,13 @@ def clipped_table_softmax(
 
     Returns ``(weights, bins or None)``, `weights` being `content`
     overwritten, or ``None`` (having changed nothing) when the band
-    ``2K + 1`` is wider than the keys or the shifted table logits are not
+    ``n`` is wider than the keys or the shifted table logits are not
     all finite. `content` must be writeable, C-contiguous and of the full
     broadcast shape; `mask` broadcasts to it.
     """
     k = max_distance
-    n = 2 * k + 1
+    past = k if max_past is None else max_past
+    n = past + k + 1
     *batch, t_q, t_k = content.shape
     if n > t_k or table_logits.shape[-1] != n or content.size == 0:
         return None
@@ -196,11 +200,11 @@ def clipped_table_softmax(
     x = x.reshape(groups, t_q, n)
     dtype = content.dtype
     block = min(rows_per_block(content, cap=64), t_q)
-    width = block + 2 * k
-    # Tile column c' of row i' lies at r = c' - i' - K, whatever block it is in.
+    width = block + n - 1
+    # Tile column c' of row i' lies at r = c' - i' - L, whatever block it is in.
     columns, rows_in_tile = np.arange(width)[None, :], np.arange(block)[:, None]
-    before = (columns < rows_in_tile).astype(dtype)  # r < -K: clipped to the first row
-    after = (columns > rows_in_tile + 2 * k).astype(dtype)  # r > K: clipped to the last row
+    before = (columns < rows_in_tile).astype(dtype)  # r < -L: clipped to the first row
+    after = (columns > rows_in_tile + n - 1).astype(dtype)  # r > K: clipped to the last row
     tile = np.empty((groups, block, width), dtype=dtype)
     tile_band = _band(tile, n)
     if bins:
@@ -210,14 +214,14 @@ def clipped_table_softmax(
         padded = np.empty_like(tile)
         padded_band = _band(padded, n)
         # Rows whose whole band has keys: their bins are a strided view of the weights.
-        first = min(max(k - q_offset, 0), t_q)
+        first = min(max(past - q_offset, 0), t_q)
         last = max(min(t_k - q_offset - k, t_q), first)
         if last > first:
-            weights_band = _band(scores[:, first:last, first + q_offset - k :], n)
+            weights_band = _band(scores[:, first:last, first + q_offset - past :], n)
     for a in range(0, t_q, block):
         b = min(a + block, t_q)
-        start = a + q_offset - k  # key column of the tile's first column
-        end = start + (b - a) + 2 * k
+        start = a + q_offset - past  # key column of the tile's first column
+        end = start + (b - a) + n - 1
         lo, hi = min(max(start, 0), t_k), min(max(end, 0), t_k)
         rows = scores[:, a:b, :]
         # Each row shifted by the table column of its larger rectangle (softmax does not

@@ -218,19 +218,20 @@ class _ClippedTable(Term):
 
     skewed = True
 
-    def __init__(self, q, key_table, value_table, call: Call, *, clip: bool) -> None:
+    def __init__(self, q, key_table, value_table, call: Call, *, clip: bool,
+                 past: int | None = None) -> None:
         self.key_table, self.value_table, self.call, self.clip = (key_table, value_table,
                                                                   call, clip)
         self.rows = key_table.shape[-2]
+        self.past = (self.rows - 1) // 2 if past is None else past  # P: rows r = -P .. K
         self.x = table_logits(q, key_table)
         self.d_key = np.zeros(key_table.shape, dtype=key_table.dtype)
         self.d_value = None if value_table is None else np.zeros(value_table.shape,
                                                                  dtype=value_table.dtype)
 
     def _first(self, block: Block) -> int:
-        # the column of r = -K: r(c) = c - (B - 1) - a - q_offset
-        k_max = (self.rows - 1) // 2
-        return block.b - block.a - 1 + block.a + self.call.q_offset - k_max
+        # the column of r = -P: r(c) = c - (B - 1) - a - q_offset
+        return block.b - block.a - 1 + block.a + self.call.q_offset - self.past
 
     def _add(self, block: Block, scores: np.ndarray, x: np.ndarray) -> None:
         # scores += the table's term read from `x` (..., B, 2K + 1), through the scratch
@@ -422,25 +423,28 @@ def _scalar_table_vjp(q, k, v, d_output, call, mask, row, table, index, valid):
 @_register("bias")
 def bias_attention_vjp(
     q, k, v, table, /, *, d_output, scale=None, mask=None, causal=None, q_offset=None,
-    beyond="clip",
+    beyond="clip", max_past=None,
 ):
     if not _ndarrays(q, k, v, table, d_output, mask):
         return NotImplemented
     call = bias.bias_call(
-        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, beyond=beyond
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, beyond=beyond,
+        max_past=max_past,
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     if not _covered(q, call, mask, k, v, d_output, table):
         return NotImplemented
     row = _by_distance_row(
-        lambda t_q, t_k, off: bias.bias_logits(table, t_q, t_k, q_offset=off, beyond=beyond),
+        lambda t_q, t_k, off: bias.bias_logits(table, t_q, t_k, q_offset=off, beyond=beyond,
+                                               max_past=max_past),
         call,
     )  # beyond="error" raises here, as the specification's bias_logits does
-    k_max = (table.shape[-1] - 1) // 2
+    past, k_max = shaw.two_sided_extent("table", table.shape[-1], table.shape, max_past,
+                                        unit="entries")
     r_min, n = _distances(call)
     r = np.arange(r_min, r_min + n)
-    index = np.clip(r, -k_max, k_max) + k_max
-    valid = (np.abs(r) <= k_max) | (beyond != "zero")
+    index = np.clip(r, -past, k_max) + past
+    valid = ((r >= -past) & (r <= k_max)) | (beyond != "zero")
     return _scalar_table_vjp(q, k, v, d_output, call, mask, row, table, index, valid)
 
 
@@ -516,7 +520,7 @@ def _values_widened_by_v(q, k, v, d_output, mask) -> bool:
 @_register("shaw")
 def shaw_attention_vjp(
     q, k, v, key_table, value_table=None, /, *, d_output, scale=None, mask=None, causal=None,
-    q_offset=None, beyond="clip",
+    q_offset=None, beyond="clip", max_past=None,
 ):
     """Declines a value table when ``v``'s leading axes widen the output (see
     `_values_widened_by_v`)."""
@@ -524,18 +528,21 @@ def shaw_attention_vjp(
         return NotImplemented
     call = shaw.shaw_call(
         q, k, v, key_table, value_table, scale=scale, mask=mask, causal=causal,
-        q_offset=q_offset, beyond=beyond, method="efficient",
+        q_offset=q_offset, beyond=beyond, method="efficient", max_past=max_past,
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    k_max = (key_table.shape[-2] - 1) // 2
+    past, k_max = shaw.two_sided_extent("key_table", key_table.shape[-2], key_table.shape,
+                                        max_past)
     if beyond == "error":  # as the specification's shaw_index, on the host
-        check_distances_in_table(call.t_q, call.t_k, q_offset=call.q_offset, low=-k_max,
-                                 high=k_max, what=f"max_distance={k_max}")
+        what = (f"max_distance={k_max}" if max_past is None
+                else f"max_past={past}, max_distance={k_max}")
+        check_distances_in_table(call.t_q, call.t_k, q_offset=call.q_offset, low=-past,
+                                 high=k_max, what=what)
     if not _covered(q, call, mask, k, v, d_output, key_table, value_table):
         return NotImplemented
     if value_table is not None and _values_widened_by_v(q, k, v, d_output, mask):
         return NotImplemented
-    term = _ClippedTable(q, key_table, value_table, call, clip=beyond != "zero")
+    term = _ClippedTable(q, key_table, value_table, call, clip=beyond != "zero", past=past)
     core = backward(q, k, v, d_output, call, mask=mask, term=term)
     grads = _grads(q, k, v, core, key_table=term.d_key * call.scale)
     if value_table is not None:

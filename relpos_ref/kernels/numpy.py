@@ -223,15 +223,17 @@ def grid2d_attention(
 @_register("bias")
 def bias_attention(
     q, k, v, table, /, *, scale=None, mask=None, causal=None, q_offset=None, beyond="clip",
-    return_weights=False,
+    return_weights=False, max_past=None,
 ):
     if not _ndarrays(q, k, v, table, mask):
         return NotImplemented
     call = bias.bias_call(
-        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, beyond=beyond
+        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, beyond=beyond,
+        max_past=max_past,
     )
     term = _by_distance(
-        lambda t_q, t_k, off: bias.bias_logits(table, t_q, t_k, q_offset=off, beyond=beyond),
+        lambda t_q, t_k, off: bias.bias_logits(table, t_q, t_k, q_offset=off, beyond=beyond,
+                                               max_past=max_past),
         call,
     )
     return _attend(q, k, v, call, mask=mask, bias=term, return_weights=return_weights)
@@ -380,14 +382,16 @@ def deberta_attention(
 @_register("shaw")
 def shaw_attention(
     q, k, v, key_table, value_table=None, /, *, scale=None, mask=None, causal=None,
-    q_offset=None, beyond="clip", method="efficient", return_weights=False,
+    q_offset=None, beyond="clip", method="efficient", return_weights=False, max_past=None,
 ):
     if not _ndarrays(q, k, v, key_table, value_table, mask):
         return NotImplemented
     call = shaw.shaw_call(
         q, k, v, key_table, value_table, scale=scale, mask=mask, causal=causal,
-        q_offset=q_offset, beyond=beyond, method=method,
+        q_offset=q_offset, beyond=beyond, method=method, max_past=max_past,
     )
+    past, future = shaw.two_sided_extent("key_table", key_table.shape[-2], key_table.shape,
+                                         max_past)
     return_weights = check_bool("return_weights", return_weights)
     if method != "efficient" or beyond != "clip" or not _finite(value_table):
         return NotImplemented
@@ -396,7 +400,8 @@ def shaw_attention(
     fused = clipped_table_softmax(
         _scores(q, k, mask),
         table_logits(q, key_table),
-        max_distance=(key_table.shape[-2] - 1) // 2,
+        max_distance=future,
+        max_past=past,
         q_offset=call.q_offset,
         scale=call.scale,
         mask=mask,

@@ -1,11 +1,15 @@
 r"""Relative position representations of Shaw et al. (2018), keys and values.
 
 .. math::
-    e_{ij} = s\,\bigl(q_i \cdot k_j + q_i \cdot a^K_{\text{idx}(r_{ij})}\bigr), \qquad
+    e_{ij} = s\,\bigl(q_i \cdot k_j + q_i \cdot a^K_{\text{idx}(r_{ij})}\bigr),
+
     z_i = \sum_j w_{ij}\,\bigl(v_j + a^V_{\text{idx}(r_{ij})}\bigr),
 
 with ``r = j - (i + q_offset)``, tables of ``2K + 1`` rows (row ``r + K``)
 and a policy for ``|r| > K``: ``"clip"`` (the paper), ``"zero"`` or ``"error"``.
+With ``max_past=P`` the clipping is asymmetric, as in wav2vec2-BERT's
+``relative_key``: tables of ``P + K + 1`` rows for ``r = -P .. K``, row
+``clip(r, -P, K) + P``.
 
 The efficient path never builds a ``(t_q, t_k, d)`` tensor: the key term is
 ``q a^K^T`` (``t_q x (2K+1)``) laid out by the table index, and the value
@@ -52,20 +56,45 @@ __all__ = [
     "shaw_index",
     "shaw_logits",
     "shaw_values",
+    "two_sided_extent",
 ]
 
 #: Shaw et al.'s defaults: ``scale = 1/sqrt(d)``, not causal, start-aligned queries.
 DEFAULTS = PLAIN
 
 
-def _max_distance(name: str, table: Any) -> int:
-    n = table.shape[-2]
-    if n % 2 != 1:
-        msg = (
-            f"`{name}` must have 2K + 1 rows (an odd number), got {n} (shape {tuple(table.shape)})"
-        )
+def two_sided_extent(name: str, rows: int, shape: tuple[int, ...], max_past: int | None,
+                     *, unit: str = "rows") -> tuple[int, int]:
+    """``(P, K)``: the largest past and future distances with a row, from a table's rows.
+
+    Without `max_past` the table is symmetric, ``2K + 1`` rows (an odd
+    number); with it, ``P + K + 1`` rows, ``0 <= P <= rows - 1``. Errors name
+    the table (`name`, of shape `shape`, whose `unit` are "rows" or, for a
+    scalar table, "entries") and the parameter.
+
+    Examples
+    --------
+    >>> two_sided_extent("key_table", 5, (5, 8), None), two_sided_extent("table", 6, (6,), 4)
+    ((2, 2), (4, 1))
+    """
+    if max_past is None:
+        if rows % 2 != 1:
+            msg = (
+                f"`{name}` must have 2K + 1 {unit} (an odd number), got {rows} (shape "
+                f"{tuple(shape)}); pass `max_past` for a table of P + K + 1 {unit}"
+            )
+            raise ValueError(msg)
+        return (rows - 1) // 2, (rows - 1) // 2
+    past = nonnegative_int("max_past", max_past)
+    if past > rows - 1:
+        msg = (f"`max_past` must be at most {rows - 1} (`{name}` has {rows} {unit}, "
+               f"shape {tuple(shape)}), got {past}")
         raise ValueError(msg)
-    return (n - 1) // 2
+    return past, rows - 1 - past
+
+
+def _extent(name: str, table: Any, max_past: int | None) -> tuple[int, int]:
+    return two_sided_extent(name, table.shape[-2], tuple(table.shape), max_past)
 
 
 def shaw_index(
@@ -76,6 +105,7 @@ def shaw_index(
     max_distance: int,
     q_offset: int = 0,
     beyond: str = "clip",
+    max_past: int | None = None,
     xp: Any,
     device: Any = None,
 ) -> TableIndex:
@@ -86,11 +116,13 @@ def shaw_index(
     t_q, t_k : int
         Number of queries and keys.
     max_distance : int
-        ``K``; the table has ``2K + 1`` rows.
+        ``K``; the table has ``2K + 1`` rows (``P + K + 1`` with `max_past`).
     q_offset : int, optional
         Position of query 0.
     beyond : {"clip", "zero", "error"}, optional
-        Policy for ``|r| > K``.
+        Policy for ``|r| > K`` (``r < -P`` or ``r > K``).
+    max_past : int, optional
+        ``P``, the largest past distance with a row; default ``K``.
     xp : namespace
         Array API namespace of the result.
     device : optional
@@ -99,23 +131,31 @@ def shaw_index(
     Returns
     -------
     TableIndex
-        ``index = clip(r, -K, K) + K`` and ``valid``, each ``(t_q, t_k)``.
+        ``index = clip(r, -P, K) + P`` and ``valid``, each ``(t_q, t_k)``.
 
     Examples
     --------
     >>> import array_api_strict as xp
     >>> shaw_index(1, 5, max_distance=1, xp=xp).index
     Array([[1, 2, 2, 2, 2]], dtype=array_api_strict.int64)
+    >>> shaw_index(2, 3, max_distance=1, max_past=0, xp=xp).index
+    Array([[0, 1, 1],
+           [0, 0, 1]], dtype=array_api_strict.int64)
     """
     k = nonnegative_int("max_distance", max_distance)
+    past = k if max_past is None else nonnegative_int("max_past", max_past)
     check_choice("beyond", beyond, BEYOND_POLICIES)
     if beyond == "error":
-        check_distances_in_table(
-            t_q, t_k, q_offset=q_offset, low=-k, high=k, what=f"max_distance={k}"
-        )
+        check_distances_in_table(t_q, t_k, q_offset=q_offset, low=-past, high=k,
+                                 what=_extent_text(past, k, max_past))
         beyond = "clip"
     r = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=device)
-    return table_index(r, k, beyond=beyond)
+    return table_index(r, k, beyond=beyond, max_past=max_past)
+
+
+def _extent_text(past: int, k: int, max_past: int | None) -> str:
+    # how the "error" policy's message names the table's extent
+    return f"max_distance={k}" if max_past is None else f"max_past={past}, max_distance={k}"
 
 
 @computes_in_float32
@@ -128,6 +168,7 @@ def shaw_logits(
     q_offset: int = 0,
     beyond: str = "clip",
     method: str = "efficient",
+    max_past: int | None = None,
 ) -> Any:
     r"""Key term :math:`P_{ij} = q_i \cdot a^K_{\text{idx}(r_{ij})}` (before scaling).
 
@@ -135,7 +176,8 @@ def shaw_logits(
     ----------
     q : floating array, shape ``(..., t_q, d)``
     key_table : floating array, shape ``(2K+1, d)`` or ``(h, 2K+1, d)``
-        Row ``r + K`` for distance ``r``.
+        Row ``r + K`` for distance ``r`` (``r + P``, ``P + K + 1`` rows,
+        with `max_past`).
     t_k : int
         Number of keys.
     q_offset : int, optional
@@ -145,6 +187,9 @@ def shaw_logits(
     method : {"efficient", "definition"}, optional
         ``"definition"`` gathers a ``(t_q, t_k, d)`` tensor of rows;
         ``"efficient"`` gathers from ``q a^K^T``, memory ``O(t_q (t_k + K))``.
+    max_past : int, optional
+        ``P``: asymmetric clipping, rows for ``r = -P .. K``; default: a
+        symmetric table of ``2K + 1`` rows.
 
     Returns
     -------
@@ -159,14 +204,17 @@ def shaw_logits(
     Array([[0., 1., 1., 1.]], dtype=array_api_strict.float64)
     >>> shaw_logits(q, aK, 4, beyond="zero")
     Array([[0., 1., 0., 0.]], dtype=array_api_strict.float64)
+    >>> shaw_logits(q, aK, 4, max_past=2)  # r = -2, -1, 0: r = 0 .. 3 read row 2
+    Array([[1., 1., 1., 1.]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(q, key_table)
     check_method(method)
     check_table("key_table", key_table, q, width=q.shape[-1])
-    k = _max_distance("key_table", key_table)
+    past, k = _extent("key_table", key_table, max_past)
     t_q = q.shape[-2]
     index, valid = shaw_index(
-        t_q, t_k, max_distance=k, q_offset=q_offset, beyond=beyond, xp=xp, device=_xp.device(q)
+        t_q, t_k, max_distance=k, q_offset=q_offset, beyond=beyond, xp=xp, device=_xp.device(q),
+        max_past=None if max_past is None else past,
     )
     if method == "definition":
         return contract_rows(q, gather_valid_rows(key_table, index, valid))
@@ -186,6 +234,7 @@ def shaw_values(
     beyond: str = "clip",
     method: str = "efficient",
     allowed: Any = None,
+    max_past: int | None = None,
 ) -> Any:
     r"""Value term :math:`\sum_j w_{ij}\, a^V_{\text{idx}(r_{ij})}`.
 
@@ -194,7 +243,7 @@ def shaw_values(
     weights : floating array, shape ``(..., t_q, t_k)``
         Attention weights.
     value_table : floating array, shape ``(2K+1, d_v)`` or ``(h, 2K+1, d_v)``
-    q_offset, beyond
+    q_offset, beyond, max_past
         As in `shaw_logits`.
     allowed : bool array broadcastable to ``(..., t_q, t_k)``, optional
         The keys each query attends to (`relpos_ref.allowed_keys`); a row
@@ -221,7 +270,7 @@ def shaw_values(
     check_method(method)
     check_value_table("value_table", value_table, weights)
     check_choice("beyond", beyond, BEYOND_POLICIES)
-    k = _max_distance("value_table", value_table)
+    past, k = _extent("value_table", value_table, max_past)
     t_q, t_k = weights.shape[-2:]
     if method == "definition":
         index, valid = shaw_index(
@@ -230,18 +279,18 @@ def shaw_values(
             max_distance=k,
             q_offset=q_offset,
             beyond=beyond,
+            max_past=past,
             xp=xp,
             device=_xp.device(weights),
         )
         used = valid if allowed is None else valid & allowed
         return weighted_rows(weights, gather_rows(value_table, index), used)
     if beyond == "error":
-        check_distances_in_table(
-            t_q, t_k, q_offset=q_offset, low=-k, high=k, what=f"max_distance={k}"
-        )
+        check_distances_in_table(t_q, t_k, q_offset=q_offset, low=-past, high=k,
+                                 what=_extent_text(past, k, max_past))
         beyond = "clip"
     return binned_values(
-        weights, value_table, low=-k, high=k, q_offset=q_offset, clip=beyond == "clip",
+        weights, value_table, low=-past, high=k, q_offset=q_offset, clip=beyond == "clip",
         allowed=allowed,
     )
 
@@ -260,6 +309,7 @@ def shaw_call(
     q_offset: int | None,
     beyond: str,
     method: str,
+    max_past: int | None = None,
 ) -> Call:
     """Validate a `shaw_attention` call and resolve its defaults (shared with the kernels).
 
@@ -282,7 +332,7 @@ def shaw_call(
     check_method(method)
     check_choice("beyond", beyond, BEYOND_POLICIES)
     check_table("key_table", key_table, q, width=q.shape[-1])
-    _max_distance("key_table", key_table)
+    _extent("key_table", key_table, max_past)
     if value_table is not None:
         if value_table.shape[-2:-1] != key_table.shape[-2:-1]:
             msg = (
@@ -311,25 +361,30 @@ def shaw_attention(
     beyond: str = "clip",
     method: str = "efficient",
     return_weights: bool = False,
+    max_past: int | None = None,
 ) -> Any:
     r"""Self-attention with relative position representations (Shaw et al. 2018).
 
     .. math::
         w = \operatorname{softmax}\bigl(s\,(q k^\top + P)\bigr),\quad
-        P_{ij} = q_i \cdot a^K_{\text{idx}(r_{ij})},\quad
+        P_{ij} = q_i \cdot a^K_{\text{idx}(r_{ij})},
+
         z_i = \sum_j w_{ij} (v_j + a^V_{\text{idx}(r_{ij})})
 
     Parameters
     ----------
     q, k, v : floating arrays ``(..., t_q, d)``, ``(..., t_k, d)``, ``(..., t_k, d_v)``
     key_table : floating array, ``(2K+1, d)`` or ``(h, 2K+1, d)``
+        ``P + K + 1`` rows with `max_past`.
     value_table : floating array, ``(2K+1, d_v)`` or ``(h, 2K+1, d_v)``, optional
-        Relative value embeddings; omitted, only the key term is used.
+        Relative value embeddings, as many rows as `key_table`; omitted, only
+        the key term is used.
     scale, mask, causal, q_offset, return_weights
         As in `relpos_ref.attention` (defaults `DEFAULTS`: ``1/sqrt(d)``,
         not causal, ``q_offset = 0``).
-    beyond, method
-        As in `shaw_logits`.
+    beyond, method, max_past
+        As in `shaw_logits`: ``max_past=P`` clips ``r`` to ``[-P, K]``, the
+        left and right maxima of wav2vec2-BERT's ``relative_key``.
 
     Returns
     -------
@@ -343,13 +398,15 @@ def shaw_attention(
     >>> slow = shaw_attention(q, k, v, xp.zeros((5, 3)), method="definition")
     >>> bool(xp.all(xp.abs(out - slow) < 1e-12))
     True
+    >>> out = shaw_attention(q, k, v, xp.zeros((4, 3)), max_past=2)  # r = -2 .. 1
     """
     call = shaw_call(
         q, k, v, key_table, value_table, scale=scale, mask=mask, causal=causal,
-        q_offset=q_offset, beyond=beyond, method=method,
+        q_offset=q_offset, beyond=beyond, method=method, max_past=max_past,
     )
     position = shaw_logits(
-        q, key_table, call.t_k, q_offset=call.q_offset, beyond=beyond, method=method
+        q, key_table, call.t_k, q_offset=call.q_offset, beyond=beyond, method=method,
+        max_past=max_past,
     )
     out, weights = attention(
         q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
@@ -362,7 +419,7 @@ def shaw_attention(
         )
         out = out + shaw_values(
             weights, value_table, q_offset=call.q_offset, beyond=beyond, method=method,
-            allowed=allowed,
+            allowed=allowed, max_past=max_past,
         )
     return (out, weights) if check_bool("return_weights", return_weights) else out
 
@@ -382,6 +439,7 @@ def shaw_attention_vjp(
     causal: bool | None = None,
     q_offset: int | None = None,
     beyond: str = "clip",
+    max_past: int | None = None,
 ) -> dict[str, Any]:
     r"""Gradients of `shaw_attention` for the output's cotangent `d_output` (a VJP).
 
@@ -391,18 +449,19 @@ def shaw_attention_vjp(
     .. math::
         \bar{q}_i = s \sum_j \bar{l}_{ij}\, k_j
                     + \sum_r \bar{P}^\text{rel}_{ir}\, a^K_{\text{idx}(r)},
-        \qquad
+
         \bar{a}^K_c = \sum_{r:\ \text{idx}(r) = c}\ \sum_i \bar{P}^\text{rel}_{ir}\, q_i,
-        \qquad
+
         \bar{a}^V_c = \sum_{r:\ \text{idx}(r) = c}\ \sum_i w^\text{rel}_{ir}\, \bar{o}_i,
 
     and the value table adds :math:`\bar{o}_i \cdot a^V_{\text{idx}(r_{ij})}` to
     :math:`\bar{w}_{ij}`. With ``beyond="clip"`` the end rows collect every
-    distance beyond ``±K``; with ``"zero"`` those distances add nothing.
+    distance beyond ``±K`` (beyond ``-P`` and ``K`` with `max_past`); with
+    ``"zero"`` those distances add nothing.
 
     Parameters
     ----------
-    q, k, v, key_table, value_table, scale, mask, causal, q_offset, beyond
+    q, k, v, key_table, value_table, scale, mask, causal, q_offset, beyond, max_past
         As in `shaw_attention`.
     d_output : floating array, shape ``(..., t_q, d_v)``
         :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
@@ -426,18 +485,19 @@ def shaw_attention_vjp(
     """
     call = shaw_call(
         q, k, v, key_table, value_table, scale=scale, mask=mask, causal=causal,
-        q_offset=q_offset, beyond=beyond, method="efficient",
+        q_offset=q_offset, beyond=beyond, method="efficient", max_past=max_past,
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    position = shaw_logits(q, key_table, call.t_k, q_offset=call.q_offset, beyond=beyond)
+    position = shaw_logits(q, key_table, call.t_k, q_offset=call.q_offset, beyond=beyond,
+                           max_past=max_past)
     fwd = forward(q, k, call, mask=mask, position=position)
-    n = _max_distance("key_table", key_table)
+    past, n = _extent("key_table", key_table, max_past)
     policy = "zero" if beyond == "zero" else "clip"  # "error" checked: every r has a row
-    bins = {"low": -n, "high": n, "q_offset": call.q_offset, "clip": policy == "clip"}
+    bins = {"low": -past, "high": n, "q_offset": call.q_offset, "clip": policy == "clip"}
 
     def value_rows() -> TableIndex:
         return shaw_index(call.t_q, call.t_k, max_distance=n, q_offset=call.q_offset,
-                          beyond=policy, xp=call.xp, device=_xp.device(q))
+                          beyond=policy, max_past=past, xp=call.xp, device=_xp.device(q))
 
     return binned_keys_values_vjp(q, k, v, d_output, call, fwd, key_table, value_table,
                                   value_rows, names=("key_table", "value_table"), **bins)
