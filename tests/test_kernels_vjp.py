@@ -5,14 +5,16 @@ empty grids, batch and heads broadcast between ``q``, ``k`` and ``v``; an
 ``h x w`` grid for grid2d and Swin), offsets, causality, masks (random,
 empty rows, broadcast leading axes), the scheme's policies and options
 (optional tables switched on and off), shared and per-head tables, dtypes,
-row blocks and DeBERTa's key chunks and end runs; the kernel called directly
+row blocks, tile sub-blocks, DeBERTa's key chunks and end runs, and the
+exponential with and without its row maxima; the kernel called directly
 must return the specification's gradients (``relpos_ref.kernels.disabled``)
 to the rounding of a reordered sum, or
 ``NotImplemented`` where it documents that it may (`_may_decline`). Bad input
 gets the specification's error word for word; non-finite input goes to the
 specification; the public ``*_attention_vjp`` runs the kernel on an ordinary
 NumPy call and the specification when kernels are disabled. The skewed
-tile's building blocks are checked against their definitions.
+tile's building blocks, and DeBERTa's sums by table row, are checked against
+their definitions.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from hypothesis import strategies as st
 import relpos_ref as rp
 from relpos_ref import catalog, kernels
 from relpos_ref.kernels import _numpy_vjp, _numpy_vjps
-from relpos_ref.kernels._numpy_vjp import column_ranges, skew_view
+from relpos_ref.kernels._numpy_vjp import band_view, skew_view, tile_products, tile_rows
 
 VJP_KERNELS = kernels.vjp_kernels("numpy")
 COVERED = ["plain", "absolute", "alibi", "bias", "deberta", "general", "grid2d", "music", "rope",
@@ -213,12 +215,16 @@ def _spec(scheme, args, kwargs):
 @pytest.mark.parametrize("scheme", COVERED)
 @settings(max_examples=max(60, settings.default.max_examples))  # small calls: cheap
 @given(data=st.data(), block=st.sampled_from([64, 700, 2**21]),
-       chunk=st.sampled_from([1, 3, 64]), run=st.sampled_from([1, 2, 16]))
-def test_vjp_kernel_equals_the_specification(scheme, data, block, chunk, run):
+       chunk=st.sampled_from([1, 3, 64]), sub=st.sampled_from([1, 2, 32]),
+       run=st.sampled_from([1, 2, 16]), limit=st.sampled_from([None, {}]))
+def test_vjp_kernel_equals_the_specification(scheme, data, block, chunk, sub, run, limit):
     args, kwargs = data.draw(vjp_calls(scheme))
+    limits = _numpy_vjp.EXP_LIMIT if limit is None else limit  # {}: always subtract
     with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", block), \
             mock.patch.object(_numpy_vjps, "KEY_CHUNK", chunk), \
-            mock.patch.object(_numpy_vjps, "END_RUN", run):
+            mock.patch.object(_numpy_vjp, "TILE_ROWS", sub), \
+            mock.patch.object(_numpy_vjps, "END_RUN", run), \
+            mock.patch.object(_numpy_vjp, "EXP_LIMIT", limits):
         direct = _errors_alike(lambda: VJP_KERNELS[scheme](*args, **kwargs))
     want = _errors_alike(lambda: _spec(scheme, args, kwargs))
     if direct[1] is NotImplemented:
@@ -287,11 +293,28 @@ def test_vjp_kernel_covers_long_causal_calls_block_by_block(scheme):
     args, kwargs = _typical(scheme, np.float64, t_q=37, t_k=45)
     if _accepts(scheme, "causal"):
         kwargs["causal"] = True
-    with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", 2 * 8 * 45 * 5), \
+    with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", 8 * 45 * 5), \
             mock.patch.object(_numpy_vjps, "KEY_CHUNK", 7), \
+            mock.patch.object(_numpy_vjp, "TILE_ROWS", 2), \
             mock.patch.object(_numpy_vjps, "END_RUN", 3):
         got = VJP_KERNELS[scheme](*args, **kwargs)
     _assert_gradients_equal(got, _spec(scheme, args, kwargs))
+
+
+@pytest.mark.parametrize("scheme", COVERED)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_vjp_kernel_subtracts_the_row_maxima_of_large_logits(scheme, dtype):
+    # logits far beyond EXP_LIMIT (rows whose largest logit is about +-60 and more), no
+    # mask: the exponential subtracts each row's maximum, as the specification does
+    args, kwargs = _typical(scheme, dtype, t_q=9, t_k=11)
+    kwargs["mask"] = None
+    kwargs["scale"] = 40.0 if scheme != "t5" else None
+    if scheme == "t5":  # unscaled: large queries instead
+        args = (args[0] * 40, *args[1:])
+    got = VJP_KERNELS[scheme](*args, **kwargs)
+    want = _spec(scheme, args, kwargs)
+    assert all(np.isfinite(w).all() for w in want.values())
+    _assert_gradients_equal(got, want)
 
 
 # -- what the kernels hand back, and errors -----------------------------------------
@@ -480,15 +503,77 @@ def test_skew_view_is_the_skewed_layout_and_writes_nothing_else(rows, width, bat
     assert np.array_equal(view, values + 1)
 
 
-@given(first=st.integers(-12, 12), n_cols=st.integers(0, 10), rows=st.integers(1, 6),
-       clip=st.booleans())
-def test_column_ranges_follow_the_clipped_reading(first, n_cols, rows, clip):
-    left, lo, hi, right = column_ranges(first, n_cols, rows, clip=clip)
-    for c in range(n_cols):
-        m = c - first
-        if 0 <= m < rows:
-            assert lo <= c < hi
-        elif clip:
-            assert (c < left) if m < 0 else (c >= right)
-        else:
-            assert left == 0 and right == n_cols and not lo <= c < hi
+@given(rows=st.integers(1, 7), n=st.integers(1, 5), extra=st.integers(0, 3))
+def test_band_view_is_the_band_of_a_skewed_tile(rows, n, extra):
+    tile = np.arange(rows * (rows - 1 + n + extra), dtype=float).reshape(rows, -1)
+    band = band_view(tile, n)
+    for i in range(rows):
+        assert np.array_equal(band[i], tile[i, i : i + n])
+    band[...] = -1  # writeable, and it writes the band alone
+    assert (tile == -1).sum() == rows * n
+
+
+@given(rows=st.integers(1, 9), width=st.integers(1, 8), d=st.integers(1, 3),
+       sub=st.sampled_from([1, 2, 3, 64]), first=st.integers(0, 3))
+def test_tile_rows_and_products_follow_their_definitions(rows, width, d, sub, first):
+    rng = np.random.default_rng(rows * 100 + width * 10 + d)
+    length = width + rows - 1
+    table = rng.standard_normal((first + length + 2, d))
+    side = rng.standard_normal((rows, d))
+    # tile_rows: the band of side . table[first + c]
+    with mock.patch.object(_numpy_vjp, "TILE_ROWS", sub):
+        tile = np.full((rows, length), np.nan)
+        tile_rows(tile, side, table, first)
+    for i in range(rows):
+        for j in range(width):
+            c = j + rows - 1 - i
+            np.testing.assert_allclose(tile[i, c], side[i] @ table[first + c])
+    # tile_products: its transposes, from a skewed tile of zero triangles
+    values = rng.standard_normal((rows, width))
+    tile = np.zeros((rows, length))
+    skew_view(tile, width)[...] = values
+    d_side, d_table = np.ones((rows, d)), np.ones(table.shape)
+    with mock.patch.object(_numpy_vjp, "TILE_ROWS", sub):
+        tile_products(tile, table, first, side, d_side, d_table)
+    want_side, want_table = np.ones((rows, d)), np.ones(table.shape)
+    for i in range(rows):
+        for j in range(width):
+            c = j + rows - 1 - i
+            want_side[i] += values[i, j] * table[first + c]
+            want_table[first + c] += values[i, j] * side[i]
+    np.testing.assert_allclose(d_side, want_side)
+    np.testing.assert_allclose(d_table, want_table)
+
+
+@st.composite
+def _runs(draw):
+    """A non-decreasing table row per distance: runs of 1 to 20 distances, rows skipped."""
+    rows, row = [], 0
+    for _ in range(draw(st.integers(1, 40))):
+        kind = draw(st.sampled_from(["single", "short", "long"]))
+        size = {"single": 1, "short": draw(st.integers(2, 6)),
+                "long": draw(st.integers(7, 20))}[kind]
+        rows += [row] * size
+        row += draw(st.sampled_from([1, 1, 1, 2]))
+    return np.array(rows)
+
+
+@given(row_of=_runs(), data=st.data(), run=st.sampled_from([1, 3, 8, 16]),
+       lead=st.sampled_from([(), (2,)]))
+def test_column_sums_add_each_column_to_its_table_row(row_of, data, run, lead):
+    first = data.draw(st.integers(0, row_of.size - 1))
+    length = data.draw(st.integers(1, row_of.size - first))
+    rng = np.random.default_rng(first * 1000 + length)
+    tile = np.zeros((*lead, 3, length + 1))
+    tile[..., :length] = rng.standard_normal((*lead, 3, length))
+    n_rows = int(row_of[-1]) + 1
+    out = np.full((*lead, 3, n_rows), 0.5)
+    with mock.patch.object(_numpy_vjps, "END_RUN", run):
+        sums = _numpy_vjps._ColumnSums(row_of)
+        sums.add(tile, first, length, out)
+        lo, hi = sums.span(first, length)
+    want = np.full((*lead, 3, n_rows), 0.5)
+    for c in range(length):
+        want[..., row_of[first + c]] += tile[..., c]
+    np.testing.assert_allclose(out, want)
+    assert (lo, hi) == (row_of[first], row_of[first + length - 1] + 1)

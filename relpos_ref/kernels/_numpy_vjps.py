@@ -22,9 +22,11 @@ and returns fresh arrays of the arguments' shapes and dtype, keyed as the
 specification keys them. Every scheme of the catalog has one: the terms add
 what the forward kernels add (the same views and gathers, or a GEMM per
 block) and take their transposes per row block: column sums and products of
-the skewed tile for tables by distance (DeBERTa's p2c from the keys' side, a
-chunk of keys at a time), Swin's window bias and the grid's row and column
-tables through their 2-D offsets.
+the skewed tile for tables by distance, Shaw's clipped tables through the
+band of each block and one constant per row beyond it (never a tile of the
+block's width), DeBERTa's buckets as sums by table row (its p2c from the
+keys' side, through the block transposed), Swin's window bias and the grid's
+row and column tables through their 2-D offsets.
 """
 
 from __future__ import annotations
@@ -53,21 +55,39 @@ from ..schemes import (
 )
 from ..schemes._tables import table_logits
 from ._numpy_blocks import distance_view
-from ._numpy_terms import deberta_terms, grid_terms, one_sided_rows, window_bias
-from ._numpy_vjp import Block, Term, backward, column_ranges, finite, skew_view, sum_to
+from ._numpy_terms import grid_terms, one_sided_rows, window_bias
+from ._numpy_vjp import (
+    Block,
+    Term,
+    at,
+    backward,
+    band_view,
+    finite,
+    row_dot,
+    skew_view,
+    sum_to,
+    tile_products,
+    tile_rows,
+)
 
 __all__ = ["VJP_KERNELS"]
 
 #: Scheme name (as in `relpos_ref.catalog`) -> its NumPy VJP kernel.
 VJP_KERNELS: dict[str, Callable[..., Any]] = {}
 
-#: Keys per chunk of DeBERTa's p2c backward (`_DebertaTables`): 32 to 256 ran alike at
-#: t = 1024 (a chunk's skewed tile has ``C (B + C - 1)`` entries).
-KEY_CHUNK = 64
+#: Keys per chunk of DeBERTa's p2c backward (`_DebertaTables`): a chunk's tile has
+#: ``C (B + C - 1)`` entries for the ``C B`` of its keys (32 and 64 ran alike at t = 1024,
+#: 128 and more slower).
+KEY_CHUNK = 32
 
-#: DeBERTa's distances at either end of a tile that share one table row (the clipped
-#: buckets) go through a row sum instead of the GEMMs when there are this many.
+#: DeBERTa's table rows read by this many distances of a block or more (the clipped
+#: buckets at either end) are summed by matrix-vector products rather than gathered.
 END_RUN = 16
+
+#: Query rows per block at most with Shaw's clipped tables (`_ClippedTable`): the band
+#: tile of a block, ``B + P + K`` keys wide, is the part of its work that grows with
+#: ``B^2`` (at t = 1024, K = 16: 256 rows as fast as 512, 7 % faster than 128).
+CLIPPED_ROWS = 256
 
 
 def _register(scheme: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -126,14 +146,20 @@ def _scratch(store: dict[str, np.ndarray], shape: tuple[int, ...], dtype: Any) -
 class _FullTerms(Term):
     """Plain attention's ``position`` / ``bias`` arrays, broadcastable to the scores."""
 
-    def __init__(self, position: Any, bias_term: Any) -> None:
+    def __init__(self, position: Any, bias_term: Any, scale: float) -> None:
         self.terms = {"position": position, "bias": bias_term}
+        self.scale = scale
         self.as2d = {name: None if t is None else t.reshape((1,) * (2 - t.ndim) + t.shape)
                      for name, t in self.terms.items()}
         self.batch = np.broadcast_shapes(*(t.shape[:-2] for t in self.as2d.values()
                                            if t is not None))
         self.sums = {name: None if t is None else np.zeros(t.shape, dtype=t.dtype)
                      for name, t in self.as2d.items()}
+        self.now: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def select(self, group: tuple[int, ...]) -> None:
+        self.now = {name: (at(t, group, 2), at(self.sums[name], group, 2))
+                    for name, t in self.as2d.items() if t is not None}
 
     @staticmethod
     def _rows(t: np.ndarray, block: Block) -> tuple[slice, slice]:
@@ -141,30 +167,24 @@ class _FullTerms(Term):
         cols = slice(None) if t.shape[-1] == 1 else slice(0, block.width)
         return rows, cols
 
-    def _add(self, name: str, block: Block, scores: np.ndarray) -> None:
-        t = self.as2d[name]
-        if t is not None:
-            rows, cols = self._rows(t, block)
-            scores += t[..., rows, cols]
-
     def position(self, block: Block, scores: np.ndarray) -> None:
-        self._add("position", block, scores)
+        if "position" in self.now:
+            t = self.now["position"][0]
+            scores += self.scale * t[self._rows(t, block)]
 
     def bias(self, block: Block, scores: np.ndarray) -> None:
-        self._add("bias", block, scores)
+        if "bias" in self.now:
+            t = self.now["bias"][0]
+            scores += t[self._rows(t, block)]
 
     def d_logits(self, block: Block, d_logits: np.ndarray) -> None:
-        for name, t in self.as2d.items():
-            if t is None:
-                continue
+        for t, sums in self.now.values():
             part = d_logits
             if t.shape[-1] == 1:
                 part = part.sum(axis=-1, keepdims=True)
             if t.shape[-2] == 1:
                 part = part.sum(axis=-2, keepdims=True)
-            rows, cols = self._rows(t, block)
-            target = self.sums[name][..., rows, cols]
-            target += sum_to(part, target.shape)
+            sums[self._rows(t, block)] += part
 
     def gradients(self, scale: float) -> dict[str, Any]:
         out = {}
@@ -180,25 +200,35 @@ class _DistanceBias(Term):
     """A scalar per distance (``(..., n)`` for the grid's distances), outside the scale.
 
     The block's rows read it as a Toeplitz view; its gradient is the column sums of
-    the skewed tile.
+    the skewed tile (one matrix-vector product).
     """
 
     skewed = True
 
     def __init__(self, row: np.ndarray) -> None:
-        self.row = row
+        self.row = np.ascontiguousarray(row)
         self.batch = row.shape[:-1]
         self.sums = np.zeros(row.shape, dtype=row.dtype)
+        self.ones = np.ones(0)
+
+    def start(self, batch: tuple[int, ...], dtype: Any) -> None:
+        self.ones = np.ones(0, dtype=dtype)
+
+    def select(self, group: tuple[int, ...]) -> None:
+        self.now = at(self.row, group, 1), at(self.sums, group, 1)
 
     def bias(self, block: Block, scores: np.ndarray) -> None:
-        n, width = scores.shape[-2:]
-        scores += distance_view(self.row[..., block.first : block.first + width + n - 1],
-                                n, width)
+        n, width = scores.shape
+        row = self.now[0]
+        scores += distance_view(row[block.first : block.first + width + n - 1], n, width)
 
     def d_logits(self, block: Block, d_logits: np.ndarray) -> None:
-        length = block.tile.shape[-1]
-        target = self.sums[..., block.first : block.first + length]
-        target += sum_to(block.tile.sum(axis=-2), target.shape)
+        tile = block.tile
+        n, length = tile.shape
+        if self.ones.size != n:
+            self.ones = np.ones(n, dtype=tile.dtype)
+        target = self.now[1][block.first : block.first + length]
+        target += self.ones @ tile
 
 
 def _onehot(index: np.ndarray, valid: np.ndarray, rows: int, dtype: Any) -> np.ndarray:
@@ -207,144 +237,171 @@ def _onehot(index: np.ndarray, valid: np.ndarray, rows: int, dtype: Any) -> np.n
 
 
 class _ClippedTable(Term):
-    """Shaw et al.'s two-sided tables of ``2K + 1`` rows, clipped (or zero) beyond ``K``.
+    """Shaw et al.'s tables of ``P + K + 1`` rows (``r = -P .. K``), clipped (or zero) beyond.
 
-    ``x = q a^K^T`` is ``(..., t_q, 2K + 1)``; in the tile, row ``m`` is read by
-    column ``c_0 + m`` and, with ``clip``, every column before (after) by row 0
-    (``2K``): three column ranges. The value table's share of ``g`` is the
-    same layout of ``o a^V^T``; the bins of the weights are the same ranges
-    summed.
+    ``x = s q a^K^T`` is ``(..., t_q, P + K + 1)``. A block of rows ``a .. b - 1``
+    reads row 0 at every key before ``start = a + q_offset - P`` and the last row
+    at every key from ``end = b + q_offset + K`` on (with ``clip``; nothing with
+    ``zero``); between them lies a ``(B, B + P + K)`` tile whose entry ``(i', c)``
+    is at ``r = c - i' - P``: the band ``0 <= c - i' <= P + K`` (a strided view),
+    and the clipped triangles before and after it. Softmax and its backward are
+    blind to a constant per row, so each row is shifted by its entry on the wider
+    of the two rectangles, which then needs nothing, and the other gets one
+    constant per row. The value table's share of ``g`` is the same layout of
+    ``o' a^V^T``; the bins of the weights (the value table's gradient) and of
+    :math:`\\bar{l}` (the key table's) are the band and, with ``clip``, the row
+    sums of the triangles and rectangles. Nothing of the block's width is laid out.
     """
 
-    skewed = True
+    rows = CLIPPED_ROWS
 
     def __init__(self, q, key_table, value_table, call: Call, *, clip: bool,
                  past: int | None = None) -> None:
         self.key_table, self.value_table, self.call, self.clip = (key_table, value_table,
                                                                   call, clip)
-        self.rows = key_table.shape[-2]
-        self.past = (self.rows - 1) // 2 if past is None else past  # P: rows r = -P .. K
-        self.x = table_logits(q, key_table)
+        self.n = key_table.shape[-2]
+        self.past = (self.n - 1) // 2 if past is None else past  # P: rows r = -P .. K
+        self.q = q
+        self.x = table_logits(q, key_table) * q.dtype.type(call.scale)
+        self.batch = self.x.shape[:-2]
         self.d_key = np.zeros(key_table.shape, dtype=key_table.dtype)
         self.d_value = None if value_table is None else np.zeros(value_table.shape,
                                                                  dtype=value_table.dtype)
+        self.store: dict[str, np.ndarray] = {}
+        self.masks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.ones = np.ones(call.t_k, dtype=q.dtype)
 
-    def _first(self, block: Block) -> int:
-        # the column of r = -P: r(c) = c - (B - 1) - a - q_offset
-        return block.b - block.a - 1 + block.a + self.call.q_offset - self.past
+    def select(self, group: tuple[int, ...]) -> None:
+        self.x_g, self.q_g = at(self.x, group, 2), at(self.q, group, 2)
+        self.key_g, self.d_key_g = at(self.key_table, group, 2), at(self.d_key, group, 2)
+        self.value_g, self.d_value_g = (at(self.value_table, group, 2),
+                                        at(self.d_value, group, 2))
 
-    def _add(self, block: Block, scores: np.ndarray, x: np.ndarray) -> None:
-        # scores += the table's term read from `x` (..., B, 2K + 1), through the scratch
-        first = self._first(block)
-        tile = block.scratch
-        length = tile.shape[-1]
-        left, lo, hi, right = column_ranges(first, length, self.rows, clip=self.clip)
+    def _geometry(self, block: Block) -> tuple[int, int, int, np.ndarray, np.ndarray]:
+        # (start, lo, hi, before, after): the tile's first key, the keys lo .. hi - 1 it
+        # covers, and its triangles as 0 / 1 masks (the clipped rows 0 and P + K)
+        rows = block.b - block.a
+        start = block.a + self.call.q_offset - self.past
+        end = start + rows + self.n - 1
+        lo, hi = min(max(start, 0), block.width), min(max(end, 0), block.width)
+        masks = self.masks.get(rows)
+        if masks is None:
+            columns, at_row = np.arange(rows + self.n - 1)[None, :], np.arange(rows)[:, None]
+            masks = self.masks[rows] = ((columns < at_row).astype(self.x.dtype),
+                                        (columns > at_row + self.n - 1).astype(self.x.dtype))
+        return start, lo, hi, *masks
+
+    def _add(self, block: Block, target: np.ndarray, x: np.ndarray) -> None:
+        # target (B, W) += the table's term, read from x (B, P + K + 1)
+        start, lo, hi, before, after = self._geometry(block)
+        width = target.shape[-1]
+        if self.clip:  # shift every row by its entry on the wider rectangle
+            right = lo <= width - hi
+            x = x - (x[:, -1:] if right else x[:, :1])
+            if right and lo:
+                target[:, :lo] += x[:, :1]
+            elif not right and hi < width:
+                target[:, hi:] += x[:, -1:]
+        if hi > lo:
+            tile = _scratch(self.store, before.shape, target.dtype)
+            if not self.clip:
+                tile.fill(0)
+            elif right:  # the right triangle reads the last row, 0 after the shift
+                np.multiply(before, x[:, :1], out=tile)
+            else:
+                np.multiply(after, x[:, -1:], out=tile)
+            band_view(tile, self.n)[...] = x
+            target[:, lo:hi] += tile[:, lo - start : hi - start]
+
+    def _bins(self, block: Block, grid: np.ndarray) -> np.ndarray:
+        # (B, P + K + 1): the entries of `grid` (B, W) summed by table row
+        start, lo, hi, before, after = self._geometry(block)
+        width = grid.shape[-1]
+        out = np.zeros((grid.shape[0], self.n), dtype=grid.dtype)
+        if hi > lo:
+            if lo == start and hi == start + before.shape[-1]:
+                tile = grid[:, lo:hi]  # the whole tile among the keys: a view
+            else:
+                tile = _scratch(self.store, before.shape, grid.dtype)
+                tile[:, : lo - start] = 0
+                tile[:, lo - start : hi - start] = grid[:, lo:hi]
+                tile[:, hi - start :] = 0
+            out[...] = band_view(tile, self.n)
+            if self.clip:
+                out[:, 0] += row_dot(tile, before)
+                out[:, -1] += row_dot(tile, after)
         if self.clip:
-            tile[..., :left] = x[..., :1]
-            tile[..., right:] = x[..., -1:]
-        else:
-            tile[..., :lo] = 0
-            tile[..., hi:] = 0
-        tile[..., lo:hi] = x[..., lo - first : hi - first]
-        scores += skew_view(tile, scores.shape[-1])
-
-    def _bins(self, block: Block, tile: np.ndarray) -> np.ndarray:
-        first = self._first(block)
-        left, lo, hi, right = column_ranges(first, tile.shape[-1], self.rows, clip=self.clip)
-        out = np.zeros((*tile.shape[:-1], self.rows), dtype=tile.dtype)
-        out[..., lo - first : hi - first] = tile[..., lo:hi]
-        if left:
-            out[..., 0] += tile[..., :left].sum(axis=-1)
-        if right < tile.shape[-1]:
-            out[..., -1] += tile[..., right:].sum(axis=-1)
+            if lo:
+                out[:, 0] += grid[:, :lo] @ self.ones[:lo]
+            if hi < width:
+                out[:, -1] += grid[:, hi:] @ self.ones[: width - hi]
         return out
 
     def position(self, block: Block, scores: np.ndarray) -> None:
-        self._add(block, scores, self.x[..., block.a : block.b, :])
+        self._add(block, scores, self.x_g[block.a : block.b])
 
     def d_weights(self, block: Block, weights: np.ndarray, g: np.ndarray) -> None:
         if self.value_table is None:
             return
-        self._add(block, g, table_logits(block.d_output, self.value_table))
-        skew_view(block.tile, weights.shape[-1])[...] = weights
-        bins = self._bins(block, block.tile)
-        self.d_value += sum_to(np.matmul(np.swapaxes(bins, -1, -2), block.d_output),
-                               self.d_value.shape)
+        self._add(block, g, block.d_output @ self.value_g.T)
+        self.d_value_g += self._bins(block, weights).T @ block.d_output
 
     def d_logits(self, block: Block, d_logits: np.ndarray) -> None:
-        dx = self._bins(block, block.tile)
-        block.dq[...] += np.matmul(dx, self.key_table)
-        self.d_key += sum_to(np.matmul(np.swapaxes(dx, -1, -2), block.q), self.d_key.shape)
+        dx = self._bins(block, d_logits)
+        block.dq[...] += dx @ self.key_g
+        self.d_key_g += dx.T @ block.q
 
 
 class _DistanceRows(Term):
     """A table of one row per distance, inside the scale: ``P_ij = q_i . rows[r_ij - low]``.
 
     In the tile, columns ``0 .. L - 1`` are the table's rows ``start .. start + L - 1``
-    (the `window`): the term is ``q_B window^T``, its transposes
-    ``tile window`` (into dq) and ``tile^T q_B`` (into the rows).
+    (the `window`): the term is ``q_B window^T`` (`tile_rows`), its transposes
+    ``tile window`` (into dq) and ``tile^T q_B`` (into the rows, `tile_products`).
 
     With `query` (Transformer-XL's ``q + v``, of ``(..., t_q, d)``), the term reads
-    it in place of ``q``, and its share of dq goes to `dq` (``(*batch, t_q, d)``,
-    made on first use) rather than into `Block.dq`.
+    it in place of ``q``, and its share of dq goes to `dq` (``(*batch, t_q, d)``)
+    rather than into `Block.dq`.
     """
 
     skewed = True
 
     def __init__(self, rows: np.ndarray, low: int, call: Call,
                  query: np.ndarray | None = None) -> None:
-        self.rows, self.low, self.call, self.query = rows, low, call, query
+        self.table, self.low, self.call, self.query = rows, low, call, query
+        self.query_scaled = None if query is None else query * query.dtype.type(call.scale)
         self.d_rows = np.zeros(rows.shape, dtype=rows.dtype)
-        self.store: dict[str, np.ndarray] = {}
         self.dq: np.ndarray | None = None
-        if query is not None:
-            self.batch = np.broadcast_shapes(query.shape[:-2], rows.shape[:-2])
+        lead = () if query is None else query.shape[:-2]
+        self.batch = np.broadcast_shapes(lead, rows.shape[:-2])
 
-    def _query(self, block: Block) -> np.ndarray:
-        return block.q if self.query is None else self.query[..., block.a : block.b, :]
+    def start(self, batch: tuple[int, ...], dtype: Any) -> None:
+        if self.query is not None:
+            self.dq = np.zeros((*batch, self.call.t_q, self.query.shape[-1]), dtype=dtype)
 
-    def _dq(self, block: Block, tile: np.ndarray) -> np.ndarray:
-        if self.query is None:
-            return block.dq
-        if self.dq is None:
-            self.dq = np.zeros((*tile.shape[:-2], self.call.t_q, self.query.shape[-1]),
-                               dtype=tile.dtype)
-        return self.dq[..., block.a : block.b, :]
+    def select(self, group: tuple[int, ...]) -> None:
+        self.rows_g, self.d_rows_g = at(self.table, group, 2), at(self.d_rows, group, 2)
+        if self.query is not None:
+            self.query_g = at(self.query, group, 2)
+            self.scaled_g = at(self.query_scaled, group, 2)
+            self.dq_g = self.dq[group]
 
     def _start(self, block: Block) -> int:
         r_first = -(block.b - 1) - self.call.q_offset  # the distance of tile column 0
         return r_first - self.low
 
     def position(self, block: Block, scores: np.ndarray) -> None:
-        length = block.scratch.shape[-1]
-        start = self._start(block)
-        window = self.rows[..., start : start + length, :]
-        q_block = self._query(block)
-        if window.ndim == 2:  # shared: one GEMM for every head
-            shape = (*q_block.shape[:-1], length)
-            out = _scratch(self.store, shape, scores.dtype)
-            np.matmul(q_block.reshape(-1, q_block.shape[-1]), window.T,
-                      out=out.reshape(-1, length))
-        else:
-            out = np.matmul(q_block, np.swapaxes(window, -1, -2))
-        scores += skew_view(out, scores.shape[-1])
+        q_block = (block.q_scaled if self.query is None
+                   else self.scaled_g[block.a : block.b])
+        tile_rows(block.scratch, q_block, self.rows_g, self._start(block))
+        scores += skew_view(block.scratch, scores.shape[-1])
 
     def d_logits(self, block: Block, d_logits: np.ndarray) -> None:
-        tile = block.tile
-        length = tile.shape[-1]
-        start = self._start(block)
-        window = self.rows[..., start : start + length, :]
-        target = self.d_rows[..., start : start + length, :]
-        query = self._query(block)
-        q_block = np.broadcast_to(query, (*tile.shape[:-2], *query.shape[-2:]))
-        dq = self._dq(block, tile)
-        if window.ndim == 2:
-            flat = tile.reshape(-1, length)
-            dq[...] += (flat @ window).reshape(dq.shape)
-            target += flat.T @ q_block.reshape(-1, q_block.shape[-1])
+        if self.query is None:
+            query, dq = block.q, block.dq
         else:
-            dq[...] += np.matmul(tile, window)
-            target += sum_to(np.matmul(np.swapaxes(tile, -1, -2), q_block), target.shape)
+            query, dq = self.query_g[block.a : block.b], self.dq_g[block.a : block.b]
+        tile_products(block.tile, self.rows_g, self._start(block), query, dq, self.d_rows_g)
 
 
 # -- plain attention and the schemes that change q and k -------------------------------
@@ -362,7 +419,7 @@ def attention_vjp(
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     if not _covered(q, call, mask, k, v, d_output, bias, position):
         return NotImplemented
-    term = None if bias is None and position is None else _FullTerms(position, bias)
+    term = None if bias is None and position is None else _FullTerms(position, bias, call.scale)
     core = backward(q, k, v, d_output, call, mask=mask, term=term)
     return _grads(q, k, v, core, **({} if term is None else term.gradients(call.scale)))
 
@@ -628,40 +685,40 @@ class _WindowBias(Term):
 
     def __init__(self, table: np.ndarray, wh: int, ww: int) -> None:
         self.table, self.wh, self.ww = table, wh, ww
-        self.add = window_bias(table, wh, ww)
         self.batch = table.shape[:-1]
-        self.d_grid: np.ndarray | None = None
+        self.d_grid = np.zeros((*table.shape[:-1], 2 * wh - 1, 2 * ww - 1), dtype=table.dtype)
         self.tile: np.ndarray | None = None
+        self.adds: dict[tuple[int, ...], Any] = {}
+
+    def select(self, group: tuple[int, ...]) -> None:
+        self.add = self.adds.get(group)
+        if self.add is None:
+            self.add = self.adds[group] = window_bias(at(self.table, group, 1), self.wh,
+                                                      self.ww)
+        self.d_grid_g = at(self.d_grid, group, 2)
 
     def bias(self, block: Block, scores: np.ndarray) -> None:
         self.add(scores, block.a)
 
     def d_logits(self, block: Block, d_logits: np.ndarray) -> None:
         wh, ww = self.wh, self.ww
-        lead = d_logits.shape[:-2]
         if self.tile is None:  # zero outside the skewed band, written nowhere else
-            self.tile = np.zeros((*lead, ww, wh, 2 * ww - 1), dtype=d_logits.dtype)
-            self.d_grid = np.zeros((*lead, 2 * wh - 1, 2 * ww - 1), dtype=d_logits.dtype)
+            self.tile = np.zeros((ww, wh, 2 * ww - 1), dtype=d_logits.dtype)
         tile = self.tile
-        step_x, step_y, step_c = tile.strides[-3:]
-        band = np.lib.stride_tricks.as_strided(  # band[..., x, ky, kx] = tile[.., ww-1-x+kx]
-            tile[..., ww - 1 :], shape=(*lead, ww, wh, ww),
-            strides=(*tile.strides[:-3], step_x - step_c, step_y, step_c))
+        step_x, step_y, step_c = tile.strides
+        band = np.lib.stride_tricks.as_strided(  # band[x, ky, kx] = tile[.., ww - 1 - x + kx]
+            tile[..., ww - 1 :], shape=(ww, wh, ww), strides=(step_x - step_c, step_y, step_c))
         start, end = block.a, block.b
         while start < end:  # the block's queries, one grid row at a time
             y, x = divmod(start, ww)
             stop = min(end, (y + 1) * ww)
-            rows = d_logits[..., start - block.a : stop - block.a, :]
-            band[..., x : x + stop - start, :, :] = rows.reshape(*rows.shape[:-1], wh, ww)
-            self.d_grid[..., wh - 1 - y : 2 * wh - 1 - y, :] += tile[
-                ..., x : x + stop - start, :, :].sum(axis=-3)
+            rows = d_logits[start - block.a : stop - block.a]
+            band[x : x + stop - start] = rows.reshape(stop - start, wh, ww)
+            self.d_grid_g[wh - 1 - y : 2 * wh - 1 - y] += tile[x : x + stop - start].sum(axis=0)
             start = stop
 
     def gradient(self) -> np.ndarray:
-        if self.d_grid is None:
-            return np.zeros(self.table.shape, dtype=self.table.dtype)
-        flat = self.d_grid.reshape(*self.d_grid.shape[:-2], -1)
-        return sum_to(flat, self.table.shape)
+        return self.d_grid.reshape(self.table.shape)
 
 
 @_register("swin")
@@ -693,13 +750,22 @@ class _GridTables(Term):
     ``dR += G^T q_B``, two small GEMMs per table.
     """
 
-    def __init__(self, q, row_table, col_table, height: int, width: int, t_k: int) -> None:
-        self.tables = (row_table, col_table)
-        self.h, self.w, self.t_k = height, width, t_k
-        self.add = grid_terms(q, row_table, col_table, height=height, width=width)
+    def __init__(self, q, row_table, col_table, height: int, width: int, call: Call) -> None:
+        self.q, self.tables = q, (row_table, col_table)
+        self.h, self.w, self.t_k, self.scale = height, width, call.t_k, call.scale
         self.batch = np.broadcast_shapes(row_table.shape[:-2], col_table.shape[:-2])
         self.grads = [np.zeros(t.shape, dtype=t.dtype) for t in self.tables]
         self.store: dict[str, np.ndarray] = {}
+        self.adds: dict[tuple[int, ...], Any] = {}
+
+    def select(self, group: tuple[int, ...]) -> None:
+        self.now = [at(t, group, 2) for t in self.tables]
+        self.grads_g = [at(g, group, 2) for g in self.grads]
+        self.add = self.adds.get(group)
+        if self.add is None:
+            q_g = at(self.q, group, 2)
+            self.add = self.adds[group] = grid_terms(q_g * q_g.dtype.type(self.scale),
+                                                     *self.now, height=self.h, width=self.w)
 
     def position(self, block: Block, scores: np.ndarray) -> None:
         self.add(scores, block.a)
@@ -708,20 +774,18 @@ class _GridTables(Term):
         h, w = self.h, self.w
         full = d_logits
         if block.width != self.t_k:  # causal: the keys no row of the block sees are 0
-            full = _scratch(self.store, (*d_logits.shape[:-1], self.t_k), d_logits.dtype)
-            full[..., : block.width] = d_logits
-            full[..., block.width :] = 0
-        grid = full.reshape(*full.shape[:-1], h, w)
+            full = _scratch(self.store, (d_logits.shape[0], self.t_k), d_logits.dtype)
+            full[:, : block.width] = d_logits
+            full[:, block.width :] = 0
+        grid = full.reshape(full.shape[0], h, w)
         token = np.arange(block.a, block.b)
-        at = np.arange(block.b - block.a)[:, None]
+        row_at = np.arange(block.b - block.a)[:, None]
         for i, (sums, size, coordinate) in enumerate((
                 (grid.sum(axis=-1), h, token // w), (grid.sum(axis=-2), w, token % w))):
-            g = np.zeros((*sums.shape[:-1], 2 * size - 1), dtype=sums.dtype)
-            g[..., at, (size - 1 - coordinate)[:, None] + np.arange(size)] = sums
-            table = self.tables[i]
-            block.dq[...] += np.matmul(g, table)
-            q_block = np.broadcast_to(block.q, (*g.shape[:-2], *block.q.shape[-2:]))
-            self.grads[i] += sum_to(np.matmul(np.swapaxes(g, -1, -2), q_block), table.shape)
+            g = np.zeros((sums.shape[0], 2 * size - 1), dtype=sums.dtype)
+            g[row_at, (size - 1 - coordinate)[:, None] + np.arange(size)] = sums
+            block.dq[...] += g @ self.now[i]
+            self.grads_g[i] += g.T @ block.q
 
 
 @_register("grid2d")
@@ -738,7 +802,7 @@ def grid2d_attention_vjp(
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     if not _covered(q, call, mask, k, v, d_output, row_table, col_table):
         return NotImplemented
-    term = _GridTables(q, row_table, col_table, int(height), int(width), call.t_k)
+    term = _GridTables(q, row_table, col_table, int(height), int(width), call)
     core = backward(q, k, v, d_output, call, mask=mask, term=term)
     return _grads(q, k, v, core, row_table=term.grads[0] * call.scale,
                   col_table=term.grads[1] * call.scale)
@@ -798,131 +862,243 @@ def _vector_gradient(per_row: np.ndarray, vector: np.ndarray) -> np.ndarray:
     return sum_to(per_row, (vector.shape[0], 1, vector.shape[1])).reshape(vector.shape)
 
 
-def _tile_products(tile, rows, first, row_of, side, d_side, d_rows) -> None:
-    """The transposes of a per-distance table term through a skewed `tile` (``(..., R, L)``).
+def _transpose_into(dst: np.ndarray, src: np.ndarray, store: dict[str, np.ndarray]) -> None:
+    # dst (m, n) = src.T for src (n, m): NumPy's strided copy of a transpose reads one
+    # entry per cache line; through 8 x 8 tiles (two copies, each of runs of 8) it ran
+    # twice as fast here
+    n, m = src.shape
+    if n % 8 or m % 8:
+        np.copyto(dst, src.T)
+        return
+    tiles = _scratch(store, (m // 8, n // 8, 8, 8), src.dtype)
+    target = dst.reshape(m // 8, 8, n // 8, 8)  # a view: dst's rows are contiguous
+    np.copyto(tiles, src.reshape(n // 8, 8, m // 8, 8).transpose(2, 0, 3, 1))
+    np.copyto(target, tiles.transpose(0, 2, 1, 3))
+    if not np.shares_memory(target, dst):  # pragma: no cover - a copy after all
+        np.copyto(dst, src.T)
 
-    Tile column ``c`` is distance ``first + c``, which reads ``rows[first + c]``
-    (``(..., n, d)``); `side` (``(..., R, d)``) is what the rows meet (q, or k).
-    ``d_side += tile rows_window`` and ``d_rows[window] += tile^T side``, except
-    the runs of `END_RUN` or more columns at either end that read one table row
-    (`row_of`): those add their row sums times that row, and the same sums
-    times `side` into the run's first distance (the rows fold per table row).
+
+class _ColumnSums:
+    """Tiles' columns summed by table row, column ``c`` of a window being distance ``w + c``.
+
+    `row_of` (non-decreasing, one table row per distance index) makes each table
+    row one run of distances. Runs of `END_RUN` distances or more (the clipped
+    ends) are row sums (matrix-vector products); stretches of 8 or more runs of one
+    distance each on consecutive rows (the exact distances) are slices; every
+    other run is gathered into ``(longest, runs)`` columns, shorter runs padded
+    with the tile's zero column, and summed over the first axis. That plan is made
+    once for all distances; a window takes its part of it.
     """
-    length = tile.shape[-1]
-    segment = row_of[first : first + length]
-    lo = int(np.searchsorted(segment, segment[0], side="right"))
-    hi = max(int(np.searchsorted(segment, segment[-1], side="left")), lo)
-    lo = 0 if lo < END_RUN else lo
-    hi = length if length - hi < END_RUN else hi
-    if hi > lo:
-        part = tile[..., lo:hi]
-        d_side[...] += np.matmul(part, rows[..., first + lo : first + hi, :])
-        d_rows[..., first + lo : first + hi, :] += np.matmul(np.swapaxes(part, -1, -2), side)
-    for a, b in ((0, lo), (hi, length)):
-        if b > a:
-            sums = tile[..., a:b].sum(axis=-1)  # (..., R)
-            d_side[...] += sums[..., None] * rows[..., first + a : first + a + 1, :]
-            d_rows[..., first + a, :] += np.matmul(sums[..., None, :], side)[..., 0, :]
 
+    def __init__(self, row_of: np.ndarray) -> None:
+        starts = np.flatnonzero(np.concatenate(([True], row_of[1:] != row_of[:-1])))
+        ends = np.append(starts[1:], row_of.size)
+        rows, size = row_of[starts], ends - starts
+        self.row_of = row_of
+        long = size >= END_RUN
+        self.long = [(int(a), int(b), int(r)) for a, b, r in zip(starts[long], ends[long],
+                                                                  rows[long], strict=True)]
+        # stretches of single distances on consecutive rows
+        single = (size == 1) & ~long
+        follows = np.concatenate(([False], single[:-1] & (np.diff(rows) == 1))) & single
+        stretch = np.cumsum(single & ~follows)
+        counts = np.bincount(stretch[single], minlength=stretch[-1] + 1 if size.size else 1)
+        sliced = single & (counts[stretch] >= 8)
+        heads = sliced & ~follows
+        self.slices = [(int(s), int(r), int(counts[i])) for s, r, i in
+                       zip(starts[heads], rows[heads], stretch[heads], strict=True)]
+        gathered = ~long & ~sliced
+        self.g_starts, self.g_ends = starts[gathered], ends[gathered]
+        self.g_rows = rows[gathered]
+        ell = int(size[gathered].max()) if gathered.any() else 0
+        t = np.arange(ell)[:, None]
+        self.slots = np.where(t < size[gathered], self.g_starts + t, -1)  # (ell, runs)
+        # runs of consecutive rows among the gathered: where each begins
+        self.g_cuts = np.flatnonzero(np.concatenate(([True], np.diff(self.g_rows) != 1)))
+        self.ones = np.ones(0)
 
-def _fold_rows(d_rows: np.ndarray, row_of: np.ndarray, n_rows: int) -> np.ndarray:
-    # (..., n, d) per distance -> (..., n_rows, d): distance r into row row_of[r]
-    # (non-decreasing, so the distances of a row are one run: one reduceat)
-    starts = np.flatnonzero(np.concatenate(([True], row_of[1:] != row_of[:-1])))
-    out = np.zeros((*d_rows.shape[:-2], n_rows, d_rows.shape[-1]), dtype=d_rows.dtype)
-    out[..., row_of[starts], :] = np.add.reduceat(d_rows, starts, axis=-2)
-    return out
+    def span(self, w: int, length: int) -> tuple[int, int]:
+        """The table rows that distances ``w .. w + length - 1`` read: ``lo .. hi - 1``."""
+        return int(self.row_of[w]), int(self.row_of[w + length - 1]) + 1
+
+    def add(self, tile: np.ndarray, w: int, length: int, out: np.ndarray) -> None:
+        """``out[..., m] +=`` the columns ``0 .. length - 1`` of `tile` that are table row ``m``.
+
+        `tile` is ``(..., R, > length)`` with zeros in column ``length``; `out`
+        ``(..., R, rows)``.
+        """
+        end = w + length
+        for s, r, count in self.slices:
+            a, b = max(s, w), min(s + count, end)
+            if b > a:
+                out[..., r + a - s : r + b - s] += tile[..., a - w : b - w]
+        k0 = int(np.searchsorted(self.g_ends, w, side="right"))
+        k1 = int(np.searchsorted(self.g_starts, end, side="left"))
+        if k1 > k0:
+            slots = self.slots[:, k0:k1]
+            index = slots - w
+            index[(slots < 0) | (index < 0) | (index >= length)] = length
+            values = np.take(tile, index.ravel(), axis=-1)
+            count = k1 - k0
+            sums = values[..., :count]
+            if index.shape[0] > 1:
+                sums = sums + values[..., count : 2 * count]
+                for t in range(2, index.shape[0]):
+                    sums += values[..., t * count : (t + 1) * count]
+            cuts = self.g_cuts[(self.g_cuts > k0) & (self.g_cuts < k1)]
+            for p0, p1 in zip((k0, *cuts.tolist()), (*cuts.tolist(), k1), strict=True):
+                m0 = int(self.g_rows[p0])
+                out[..., m0 : m0 + p1 - p0] += sums[..., p0 - k0 : p1 - k0]
+        if self.long and self.ones.size < length:
+            self.ones = np.ones(length, dtype=tile.dtype)
+        for s, e, r in self.long:
+            a, b = max(s, w), min(e, end)
+            if b > a:
+                out[..., r] += tile[..., a - w : b - w] @ self.ones[: b - a]
 
 
 class _DebertaTables(Term):
     """DeBERTa's c2p and p2c, inside the scale: ``q_i . K[row(r)]`` and ``k_j . Q[row(r)]``.
 
-    Both read one row per distance of the grid (``K[row(r)]``, ``Q[row(r)]``).
-    c2p is `_DistanceRows` of those rows. p2c, from the keys' side, takes a
-    chunk of ``C`` keys at a time: the block's :math:`\bar{l}` transposed into a
-    skewed ``(C, B + C - 1)`` tile (columns are distances again), then
-    ``dk_C += tile window`` and ``d_window += tile^T k_C``. The scores get both
-    terms through `deberta_terms`'s gathers, as in the forward kernel. The
-    per-distance gradients fold into the table rows at the end (`row` is
-    non-decreasing: each row's distances are one run, one `numpy.add.reduceat`).
+    The scores get both as the forward kernel's gathers from ``s q K^T`` and
+    ``s Q k^T``, their indices shared by the heads of a block. The gradients are
+    the sums of :math:`\\bar{l}` by table row (`_ColumnSums`): per query for c2p
+    (``(B, 2S)``, then ``dq_B += G K`` and ``dK += G^T q_B``), through the block
+    skewed so that its columns are distances; per key for p2c (accumulated into
+    ``(t_k, 2S)``, multiplied out at the end), through the block transposed
+    (`_transpose_into`, query rows reversed) into rows with ``C - 1`` zeros before
+    and ``C`` after, whose strided view per chunk of ``C`` keys is skewed the other
+    way (keys as rows, distances as columns). The keys' sums run once every head
+    of a block is transposed (`Term.finish`), on all heads at once; a transposed
+    copy is the one pass through the block that p2c cannot do without (NumPy's
+    ran at a third of a copy's speed, through 8 x 8 tiles at half).
     """
-
-    skewed = True
 
     def __init__(self, q, k, key_table, query_table, call: Call, max_position) -> None:
         import array_api_compat.numpy as xp
 
-        self.k, self.key_table, self.query_table, self.call = k, key_table, query_table, call
-        span = (key_table if key_table is not None else query_table).shape[-2] // 2
+        self.q, self.k, self.call = q, k, call
+        self.tables = {name: t for name, t in (("key_table", key_table),
+                                               ("query_table", query_table)) if t is not None}
+        span = next(iter(self.tables.values())).shape[-2] // 2
+        self.n_rows = 2 * span
         r_min, n = _distances(call)
         self.row_of = np.asarray(deberta.deberta_rows(xp.asarray(np.arange(r_min, r_min + n)),
                                                       span=span, max_position=max_position))
-        tables = [t for t in (key_table, query_table) if t is not None]
+        self.sums = _ColumnSums(self.row_of)
         self.batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2],
-                                         *(t.shape[:-2] for t in tables))
-        if key_table is not None:
-            self.k_rows = np.take(key_table, self.row_of, axis=-2)  # (..., n, d)
-            self.d_k_rows: np.ndarray | None = None
-        self.add = deberta_terms(q, k, key_table, query_table, call, max_position)
-        if query_table is not None:
-            self.q_rows = np.take(query_table, self.row_of, axis=-2)  # (..., n, d)
-            self.d_q_rows: np.ndarray | None = None
-            self.dk: np.ndarray | None = None
-        self.tiles: dict[tuple[int, int], np.ndarray] = {}
+                                         *(t.shape[:-2] for t in self.tables.values()))
+        scale = q.dtype.type(call.scale)
+        if key_table is not None:  # (..., t_q * 2S), as the forward kernel's
+            by_query = np.matmul(q * scale, np.swapaxes(key_table, -1, -2))
+            self.by_query = by_query.reshape(*by_query.shape[:-2], -1)
+            self.d_key = np.zeros(key_table.shape, dtype=key_table.dtype)
+        if query_table is not None:  # (..., 2S * t_k)
+            by_key = np.matmul(query_table, np.swapaxes(k * scale, -1, -2))
+            self.by_key = by_key.reshape(*by_key.shape[:-2], -1)
+            self.row_starts = self.row_of * call.t_k
+        self.buffers: dict[str, dict[str, np.ndarray]] = {}
+        self.block: tuple[int, int, int] | None = None
+        self.geometry: tuple[int, int] | None = None
+
+    def _buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        # a buffer of its own per name, reused from block to block
+        return _scratch(self.buffers.setdefault(name, {}), shape, self.dtype)
+
+    def start(self, batch: tuple[int, ...], dtype: Any) -> None:
+        self.dtype = dtype
+        self.groups = {group: i for i, group in enumerate(np.ndindex(*batch))}
+        self.dz = None
+        if "query_table" in self.tables:  # per key and table row: p2c's gradient
+            self.dz = np.zeros((*batch, self.call.t_k, self.n_rows), dtype=dtype)
+
+    def select(self, group: tuple[int, ...]) -> None:
+        self.group = group
+
+    def _block(self, block: Block) -> None:
+        # what the heads of one block share: the gathers' indices, and buffers (zeroed
+        # when their shapes move)
+        n, width = block.b - block.a, block.width
+        if (block.a, block.b, width) == self.block:
+            return
+        self.block = (block.a, block.b, width)
+        length = width + n - 1
+        if "key_table" in self.tables:
+            window = self.row_of[block.first : block.first + length]
+            self.c2p_index = (distance_view(window, n, width)
+                              + (np.arange(block.a, block.b) * self.n_rows)[:, None])
+        if "query_table" in self.tables:
+            window = self.row_starts[block.first : block.first + length]
+            self.p2c_index = distance_view(window, n, width) + np.arange(width)
+        if (n, width) == self.geometry:
+            return
+        self.geometry = (n, width)
+        self.values = self._buffer("values", (n, width))
+        if "key_table" in self.tables:
+            # the block skewed (column c: distance index first + c), a zero column after
+            self.tile = self._buffer("tile", (n, length + 1))
+            self.tile.fill(0)
+            self.by_row = self._buffer("by row", (n, self.n_rows))
+        if "query_table" in self.tables:
+            chunk = min(KEY_CHUNK, width)
+            self.chunk, self.stride = chunk, n + 2 * chunk - 1
+            # every head's block transposed: row j holds key j's column, rows reversed,
+            # after chunk - 1 zeros and before chunk; one zero row after each head's keys
+            self.columns = self._buffer(
+                "columns", (len(self.groups) * (width + 1) * self.stride + self.stride,))
+            self.columns.fill(0)
 
     def position(self, block: Block, scores: np.ndarray) -> None:
-        self.add(scores, block.a)
+        self._block(block)
+        for name, table, index in (("key_table", "by_query", "c2p_index"),
+                                   ("query_table", "by_key", "p2c_index")):
+            if name in self.tables:
+                np.take(at(getattr(self, table), self.group, 1), getattr(self, index),
+                        out=self.values, mode="clip")
+                scores += self.values
 
     def d_logits(self, block: Block, d_logits: np.ndarray) -> None:
-        if self.key_table is not None:
-            if self.d_k_rows is None:
-                self.d_k_rows = np.zeros((*d_logits.shape[:-2], *self.k_rows.shape[-2:]),
-                                         dtype=d_logits.dtype)
-            q_block = np.broadcast_to(block.q, (*d_logits.shape[:-2], *block.q.shape[-2:]))
-            _tile_products(block.tile, self.k_rows, block.first, self.row_of, q_block,
-                           block.dq, self.d_k_rows)
-        if self.query_table is not None:
-            self._keys_side(block, d_logits)
+        n, width = d_logits.shape
+        if "key_table" in self.tables:  # by query and table row, then two GEMMs
+            skew_view(self.tile[:, :-1], width)[...] = d_logits
+            lo, hi = self.sums.span(block.first, width + n - 1)
+            by_row = self.by_row[:, lo:hi]
+            by_row.fill(0)
+            self.sums.add(self.tile, block.first, width + n - 1, self.by_row)
+            block.dq[...] += by_row @ at(self.tables["key_table"], self.group, 2)[lo:hi]
+            at(self.d_key, self.group, 2)[lo:hi] += by_row.T @ block.q
+        if "query_table" in self.tables:
+            stride, size = self.stride, (width + 1) * self.stride
+            head = self.columns[self.groups[self.group] * size :][: width * stride]
+            head = head.reshape(width, stride)[:, self.chunk - 1 : self.chunk - 1 + n]
+            _transpose_into(head, d_logits[::-1], self.buffers.setdefault("transposing", {}))
 
-    def _keys_side(self, block: Block, d_logits: np.ndarray) -> None:
-        n, width = d_logits.shape[-2:]
-        lead = d_logits.shape[:-2]
-        d = self.k.shape[-1]
-        if self.dk is None:
-            self.dk = np.zeros((*lead, self.call.t_k, d), dtype=d_logits.dtype)
-            self.d_q_rows = np.zeros((*lead, *self.q_rows.shape[-2:]), dtype=d_logits.dtype)
-        keys = np.broadcast_to(self.k, (*lead, *self.k.shape[-2:]))
-        reversed_rows = d_logits[..., ::-1, :]
-        for j0 in range(0, width, KEY_CHUNK):
-            j1 = min(j0 + KEY_CHUNK, width)
-            c = j1 - j0
-            tile = self.tiles.get((n, c))
-            if tile is None:  # zero outside the band, written nowhere else
-                tile = self.tiles[n, c] = np.zeros((*lead, c, n + c - 1), dtype=d_logits.dtype)
-            step_row, step_col = tile.strides[-2:]
-            # band[..., j', i''] = tile[..., j', j' + i'']: key j0 + j', query b - 1 - i''
-            band = np.lib.stride_tricks.as_strided(
-                tile, shape=(*lead, c, n), strides=(*tile.strides[:-2], step_row + step_col,
-                                                    step_col))
-            band[...] = np.swapaxes(reversed_rows[..., j0:j1], -1, -2)
-            _tile_products(tile, self.q_rows, block.first + j0, self.row_of,
-                           keys[..., j0:j1, :], self.dk[..., j0:j1, :], self.d_q_rows)
+    def finish(self, a: int, b: int, width: int) -> None:
+        if "query_table" not in self.tables:
+            return
+        n, first = b - a, self.call.t_q - b
+        chunk, stride = self.chunk, self.stride
+        step = self.columns.itemsize
+        dz = self.dz.reshape(-1, self.call.t_k, self.n_rows)
+        for j0 in range(0, width, chunk):
+            c = min(chunk, width - j0)
+            # keys j0 .. j0 + c - 1 of every head: row j', column c' is query row
+            # b - 1 - (c' - j'), distance index first + j0 + c'; column n + c - 1 is zero
+            tiles = np.lib.stride_tricks.as_strided(
+                self.columns[j0 * stride + chunk - 1 :], shape=(len(self.groups), c, n + c),
+                strides=((width + 1) * stride * step, (stride - 1) * step, step))
+            self.sums.add(tiles, first + j0, n + c - 1, dz[:, j0 : j0 + c])
 
     def gradients(self, scale: float) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
         """The p2c term's share of dk (over the scores' batch) and the tables' gradients."""
         out, dk = {}, None
-        for name, table, d_rows in (
-                ("key_table", self.key_table, getattr(self, "d_k_rows", None)),
-                ("query_table", self.query_table, getattr(self, "d_q_rows", None))):
-            if table is None:
-                continue
-            if d_rows is None:  # no block saw a key
-                out[name] = np.zeros(table.shape, dtype=table.dtype)
-                continue
-            per_head = sum_to(d_rows, (*table.shape[:-2], *d_rows.shape[-2:]))
-            out[name] = _fold_rows(per_head, self.row_of, table.shape[-2]) * scale
-        if self.query_table is not None and self.dk is not None:
-            dk = self.dk * scale
+        if "key_table" in self.tables:
+            out["key_table"] = self.d_key * scale
+        if "query_table" in self.tables:
+            table = self.tables["query_table"]
+            dk = np.matmul(self.dz, table) * scale
+            d_rows = np.matmul(np.swapaxes(self.dz, -1, -2), self.k)
+            out["query_table"] = sum_to(d_rows, table.shape) * scale
         return dk, out
 
 
