@@ -220,6 +220,14 @@ def sdpa_comparison(backend, q, k, v, bias_table, repeat: int) -> list[dict[str,
     return rows
 
 
+def _nonnegative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        msg = f"must be >= 0, got {value}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
 def _lengths(text: str) -> tuple[int, ...]:
     """``"32768,131072"`` -> ``(32768, 131072)``; ``""`` or ``"0"`` -> ``()``."""
     try:
@@ -420,7 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--d", type=int, default=64)
     parser.add_argument("--k-max", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=10)
-    parser.add_argument("--t-definition", type=int, default=256)
+    parser.add_argument("--t-definition", type=_nonnegative, default=256,
+                        help="sequence length for method='definition' against 'efficient' "
+                             "(0 skips)")
     parser.add_argument("--t-blocked", type=int, default=32768,
                         help="sequence length for relpos_ref.blocked (0 skips)")
     parser.add_argument("--block-size", type=int, default=1024)
@@ -510,11 +520,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['sdpa_seconds'] * 1e3:9.1f} {row['ratio_to_sdpa']:9.2f}x")
 
     td = args.t_definition
-    arr_d, (qd, kd, vd) = _inputs(backend, args.dtype, h, td, d, seed=1, device=device)
-    small = scheme_cases(arr_d, h, td, d, args.k_max)
-    print(f"\nefficient vs definition, t = {td}")
-    print(f"{'scheme':<28} {'efficient':>9} {'definition':>10} {'speed-up':>9} "
-          f"{'peak eff':>9} {'peak def':>9}")
+    small = {}
+    if td > 0:
+        arr_d, (qd, kd, vd) = _inputs(backend, args.dtype, h, td, d, seed=1, device=device)
+        small = scheme_cases(arr_d, h, td, d, args.k_max)
+        print(f"\nefficient vs definition, t = {td}")
+        print(f"{'scheme':<28} {'efficient':>9} {'definition':>10} {'speed-up':>9} "
+              f"{'peak eff':>9} {'peak def':>9}")
     for name, call in small.items():
         scheme = name.split()[0]
         if scheme == "plain" or not catalog.get(scheme).methods:

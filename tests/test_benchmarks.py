@@ -95,3 +95,21 @@ def test_benchmark_suite_distributed_section(tmp_path, capsys):
         assert row["bound_bytes"] > 0 and len(row["worker_peak_bytes"]) == 1
     assert report["versions"]["dask"] and report["versions"]["distributed"]
     assert {t["target"].split()[0] for t in report["targets"]} == {"distributed"}
+
+
+def test_a_zero_length_skips_its_section_and_a_negative_one_is_refused(tmp_path, capsys):
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    code = bench.main(["--t", "32", "--heads", "1", "--d", "4", "--k-max", "2", "--repeat", "1",
+                       "--t-definition", "0", "--t-blocked", "0", "--no-backward",
+                       "--out", str(tmp_path)])
+    assert code == 0
+    assert "efficient vs definition" not in capsys.readouterr().out
+    (path,) = tmp_path.glob("*.json")
+    assert json.loads(path.read_text())["methods"] == []
+    with pytest.raises(SystemExit):
+        bench.main(["--t-definition", "-1", "--out", str(tmp_path)])
+    assert "--t-definition: must be >= 0, got -1" in capsys.readouterr().err
