@@ -69,14 +69,18 @@ def loop_attention(case: golden.GoldenCase, bug: str | None) -> np.ndarray:
                     seen = -r if bug == "table-reversed" else r
                     logit = scale * a["q"][n, head, i] @ a["k"][n, head, j]
                     if case.scheme in ("bias", "shaw"):
-                        reach = K - 1 if bug == "clip-at-K-1" else K
+                        reach = {"clip-at-K-1": K - 1, "clip-at-K+1": K + 1}.get(bug, K)
                         row = int(np.clip(seen, -reach, reach)) + K
+
+                        def entry(name, row=row):  # rows a table of 2K + 1 lacks read 0
+                            t = table_of(name)
+                            return t[row] if 0 <= row < len(t) else np.zeros_like(t[0])
                     if case.scheme == "bias":
-                        bias = table_of("table")[row]
+                        bias = entry("table")
                         logit += scale * bias if bug == "bias-scaled" else bias
                     elif case.scheme == "shaw":
-                        logit += scale * a["q"][n, head, i] @ table_of("key_table")[row]
-                        rows.append(table_of("value_table")[row])
+                        logit += scale * a["q"][n, head, i] @ entry("key_table")
+                        rows.append(entry("value_table"))
                     else:  # t5: HF's bucket of memory - context, halves swapped by i - j
                         bucket = int(t5_bucket(np.asarray(-r if bug == "t5-halves-swapped"
                                                           else r), bidirectional=True,
@@ -93,9 +97,9 @@ def loop_attention(case: golden.GoldenCase, bug: str | None) -> np.ndarray:
 
 
 BUGS = {
-    "bias": ["table-reversed", "clip-at-K-1", "end-aligned", "bias-scaled", "shared-table",
-             "causal-strict"],
-    "shaw": ["table-reversed", "clip-at-K-1", "end-aligned"],
+    "bias": ["table-reversed", "clip-at-K-1", "clip-at-K+1", "end-aligned", "bias-scaled",
+             "shared-table", "causal-strict"],
+    "shaw": ["table-reversed", "clip-at-K-1", "clip-at-K+1", "end-aligned"],
     "t5": ["t5-halves-swapped", "end-aligned"],
 }
 

@@ -12,7 +12,10 @@ names the bug. The variants, where they apply to a case:
 - ``t5-halves-swapped``: T5's bidirectional buckets with the halves for
   ``r < 0`` and ``r > 0`` exchanged; ``alibi-sign-flipped``: the slopes negated;
 - ``clip-at-K-1``: the two-sided table clipped one distance early (on both
-  sides: ``P - 1`` as well, with asymmetric clipping);
+  sides: ``P - 1`` as well, with asymmetric clipping); ``clip-at-K+1``: one
+  distance late, the table of ``2K + 3`` rows an implementation built for
+  ``K + 1`` with ours copied into its middle and zero end rows, so every
+  distance beyond ``K`` reads zero (where the case clips);
 - ``start-aligned`` / ``end-aligned``: queries at ``q_offset = 0`` or
   ``t_k - t_q`` instead of the case's offset;
 - ``bias-scaled``: the scale applied to an additive bias as well;
@@ -88,7 +91,7 @@ def variants(scheme: str, call: Call, params: Mapping[str, Any]) -> Iterator[tup
     >>> call = Call(x["q"], x["k"], x["v"], {"table": x["table"]}, None,
     ...             {"scale": case.parameters["scale"], "q_offset": 1})
     >>> [name for name, _ in variants("bias", call, case.parameters)][:4]
-    ['table-reversed', 'clip-at-K-1', 'start-aligned', 'end-aligned']
+    ['table-reversed', 'clip-at-K-1', 'clip-at-K+1', 'start-aligned']
     """
     entry = catalog.get(scheme)
     kwargs = call.kwargs
@@ -113,6 +116,11 @@ def variants(scheme: str, call: Call, params: Mapping[str, Any]) -> Iterator[tup
         if past is not None:
             early = early.replace(kwargs={**early.kwargs, "max_past": past - 1})
         yield "clip-at-K-1", early
+    if scheme in _CLIPPED and kwargs.get("beyond", "clip") == "clip":
+        late = _with_tables(call, lambda t, a: _zero_ends(a, _row_axis(t)), entry)
+        if past is not None:
+            late = late.replace(kwargs={**late.kwargs, "max_past": past + 1})
+        yield "clip-at-K+1", late
     if "q_offset" in kwargs:
         t_q, t_k = params["t_q"], params["t_k"]
         if kwargs["q_offset"] != 0:
@@ -142,6 +150,13 @@ def variants(scheme: str, call: Call, params: Mapping[str, Any]) -> Iterator[tup
             yield "causal-strict", call.replace(mask=_strict(call, params))
         else:
             yield "causal", call.replace(kwargs={**kwargs, "causal": True})
+
+
+def _zero_ends(table: np.ndarray, axis: int) -> np.ndarray:
+    # the table with a zero row before the first and after the last
+    width = [(0, 0)] * table.ndim
+    width[axis] = (1, 1)
+    return np.pad(table, width)
 
 
 def _halves_swapped(table: np.ndarray) -> np.ndarray:
