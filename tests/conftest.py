@@ -9,7 +9,11 @@ the CPU and CUDA, JAX, CuPy and dask. A library that is missing, or a GPU that i
 shows up as a skip with the reason.
 
 Hypothesis profiles: ``ci`` (default, modest example counts, derandomized)
-and ``thorough``; choose with ``RELPOS_HYPOTHESIS_PROFILE=thorough``.
+and ``thorough``; choose with ``RELPOS_HYPOTHESIS_PROFILE=thorough``. Under
+``ci``, a hypothesis test on JAX or dask draws a third of the examples
+(`EXAMPLE_SHARE`): each new shape costs JAX a compilation of every operation
+and dask a task graph, so their examples cost 10 to 100 times NumPy's, and
+they run the same specification code the other backends check in full.
 """
 
 from __future__ import annotations
@@ -37,7 +41,33 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-settings.load_profile(os.environ.get("RELPOS_HYPOTHESIS_PROFILE", "ci"))
+PROFILE = os.environ.get("RELPOS_HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(PROFILE)
+
+#: Under the ``ci`` profile, the share of a hypothesis test's examples drawn on a backend
+#: whose examples are costly (at least 5).
+EXAMPLE_SHARE = {"jax": 1 / 3, "dask": 1 / 3}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """Run a hypothesis test on a costly backend with its share of the examples (``ci``)."""
+    test = getattr(item, "obj", None)
+    spec = getattr(item, "callspec", None)
+    target = spec.params.get("backend") if spec is not None else None
+    share = EXAMPLE_SHARE.get(getattr(getattr(target, "adapter", None), "name", ""))
+    if PROFILE != "ci" or share is None or not getattr(test, "is_hypothesis_test", False):
+        yield
+        return
+    # Hypothesis reads a test's settings when it is called; the wrapped test function
+    # is shared by the test's parametrizations, so the change is undone after the call.
+    original = test._hypothesis_internal_use_settings
+    fewer = max(5, round(original.max_examples * share))
+    test._hypothesis_internal_use_settings = settings(original, max_examples=fewer)
+    try:
+        yield
+    finally:
+        test._hypothesis_internal_use_settings = original
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from relpos_ref.blocked import blocked_attention
 from relpos_ref.golden.pipeline import golden_arrays
 
 #: Small sizes and, per scheme, option values that differ from the defaults.
-SIZES = {"K": 2, "M": 4, "t_max": 9, "height": 2, "width": 3, "buckets": 8, "d_model": 4,
-         "rows": 9, "span": 3}
+SIZES = {"K": 2, "P": None, "M": 4, "t_max": 9, "height": 2, "width": 3, "buckets": 8,
+         "d_model": 4, "rows": 9, "span": 3}
 OTHER_OPTIONS = {
     "shaw": {"beyond": "zero"}, "bias": {"beyond": "zero"}, "music": {"beyond": "zero"},
     "general": {"order": "future_to_past"}, "t5": {"bidirectional": False, "max_distance": 9},
