@@ -30,6 +30,9 @@ class Size:
     meaning : str
     fit : callable, optional
         ``(t_q, t_k) -> int``: the smallest size covering a grid.
+    minimum : int
+        The smallest value golden cases accept (1; 0 for ``P``, a table
+        with no row for the past).
     """
 
     key: str
@@ -37,6 +40,7 @@ class Size:
     default: int | None
     meaning: str
     fit: Callable[[int, int], int] | None = None
+    minimum: int = 1
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,8 @@ def blocked_attention(
         task per chunk of `q`'s query axis, with `q`'s query chunks and its
         other axes in one chunk each; each task gets the whole `k`, `v`
         and tables and its rows of `mask`, so a worker holds `k` and `v`
-        once (``itemsize h t_k (d + d_v)`` for ``h`` heads) plus, per task
+        once (``itemsize h t_k (d + d_v)`` for ``h`` heads; twice while they
+        are merged from their chunks) plus, per task
         running, its chunk of queries, its output and one tile per head;
         nothing of size ``t_q t_k`` (`relpos_ref._blocked_dask` derives the
         bound). Other chunks of `k`, `v`, tables and `mask` are merged.

@@ -73,7 +73,8 @@ __all__ = [
 _K = Size("K", "max_distance", 4,
           "the largest |r| with a row of its own (the largest future r with P)")
 _P = Size("P", "max_past", None,
-          "asymmetric clipping: the largest past -r with a row of its own; default K")
+          "asymmetric clipping: the largest past -r with a row of its own; default K",
+          minimum=0)
 _BEYOND = Option("beyond", "distances beyond the table: 'clip', 'zero' or 'error'",
                  ("clip", "zero", "error"), grid=True)
 _MAX_PAST = Option("max_past", "the largest past distance -r with a row (rows r = -P .. K); "

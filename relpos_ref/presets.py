@@ -255,7 +255,9 @@ PRESETS: Mapping[str, Preset] = {
             "distance = position_ids_r - position_ids_l = j - i (ours), clamped to "
             "[-left_max_position_embeddings, right_max_position_embeddings] and shifted by "
             "the left maximum: our index with max_past = left_max_position_embeddings "
-            "(64 by default) and K = right_max_position_embeddings (8), so "
+            "(64 in the default config, the value in params; pass your model's: the "
+            "table's left + right + 1 rows cannot tell the split) and K = "
+            "right_max_position_embeddings (8), so "
             "distance_embedding (left + right + 1, head_size) is our key_table unchanged, "
             "shared by heads; no value table; the term is scaled with q . k by "
             "head_size^-0.5; start-aligned self-attention.",

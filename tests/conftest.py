@@ -56,13 +56,14 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     spec = getattr(item, "callspec", None)
     target = spec.params.get("backend") if spec is not None else None
     share = EXAMPLE_SHARE.get(getattr(getattr(target, "adapter", None), "name", ""))
-    if PROFILE != "ci" or share is None or not getattr(test, "is_hypothesis_test", False):
+    loaded = getattr(settings, "_current_profile", None) or PROFILE  # --hypothesis-profile
+    if loaded != "ci" or share is None or not getattr(test, "is_hypothesis_test", False):
         yield
         return
     # Hypothesis reads a test's settings when it is called; the wrapped test function
     # is shared by the test's parametrizations, so the change is undone after the call.
     original = test._hypothesis_internal_use_settings
-    fewer = max(5, round(original.max_examples * share))
+    fewer = min(original.max_examples, max(5, round(original.max_examples * share)))
     test._hypothesis_internal_use_settings = settings(original, max_examples=fewer)
     try:
         yield

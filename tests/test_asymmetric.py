@@ -215,6 +215,10 @@ def test_the_error_policy_names_both_extents():
         rp.shaw_attention(q, k, v, np.zeros((5, 4)), max_past=3, beyond="error")
     with pytest.raises(ValueError, match=r"max_past=3, max_distance=1"):
         rp.bias_attention(q, k, v, np.zeros(5), max_past=3, beyond="error")
+    for method in ("efficient", "definition"):  # a symmetric table names K alone
+        with pytest.raises(ValueError, match=r"\(max_distance=1, rows for r = -1 \.\. 1\)"):
+            rp.shaw_attention(q, k, v, np.zeros((3, 4)), np.zeros((3, 4)), beyond="error",
+                              method=method)
     # r = -4 .. 1 for 2 queries after 3 earlier keys: rows for -4 .. 1 cover them
     out = rp.shaw_attention(np.zeros((2, 4)), np.zeros((5, 4)), np.ones((5, 4)),
                             np.zeros((6, 4)), max_past=4, q_offset=3, beyond="error")

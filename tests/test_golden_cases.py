@@ -46,6 +46,7 @@ def test_registry_refuses_duplicate_ids():
         ({"K_max": 3}, "unknown parameter\\(s\\) K_max for scheme 'shaw'"),
         ({"t_q": 0}, "`t_q` must be an integer >= 1, got 0"),
         ({"K": 2.5}, "`K` must be an integer >= 1, got 2.5"),
+        ({"P": -1}, "`P` must be an integer >= 0, got -1"),
     ],
 )
 def test_bad_case_parameters_are_named(kwargs, match):
@@ -53,6 +54,12 @@ def test_bad_case_parameters_are_named(kwargs, match):
     scheme, variant = args.pop("scheme"), args.pop("variant")
     with pytest.raises(ValueError, match=match):
         golden.Case.make(scheme, variant, **args)
+
+
+def test_a_table_without_past_rows_is_a_case():
+    # P = 0: rows for r = 0 .. K only (wav2vec2-BERT with left_max_position_embeddings = 0)
+    case = golden.Case.make("shaw", "no-past", t_q=3, t_k=5, K=2, P=0)
+    assert case.input_shapes()["key_table"] == (3, 8) and case.id.endswith("K2-P0/float32/s0")
 
 
 def test_select_by_glob_and_dtype():

@@ -25,6 +25,9 @@ CASES = [
     golden.Case.make("bias", "diagnose", h=2, t_q=6, t_k=9, d=8, K=3, causal=True, q_offset=2,
                      per_head=True),
     golden.Case.make("shaw", "diagnose", h=2, t_q=5, t_k=8, d=8, K=3),
+    # asymmetric clipping: rows for r = -4 .. 2
+    golden.Case.make("shaw", "diagnose-asymmetric", h=2, t_q=6, t_k=9, d=8, K=2, P=4,
+                     q_offset=1),
     golden.Case.make("t5", "diagnose", h=2, t_q=6, t_k=12, d=8, buckets=8, max_distance=8),
 ]
 
@@ -50,7 +53,8 @@ def loop_attention(case: golden.GoldenCase, bug: str | None) -> np.ndarray:
     a = {n: (x if x.dtype == bool else x.astype(np.float64)) for n, x in case.inputs.items()}
     p = case.params
     scale, K = case.scale, p.get("K")
-    q_offset = p["q_offset"] if bug != "end-aligned" else p["t_k"] - p["t_q"]
+    P = K if p.get("P") is None else p["P"]  # the past's extent: rows for r = -P .. K
+    q_offset = {"end-aligned": p["t_k"] - p["t_q"], "start-aligned": 0}.get(bug, p["q_offset"])
     b, h, t_q, d = a["q"].shape
     t_k = a["k"].shape[2]
     out = np.zeros((b, h, t_q, d))
@@ -69,8 +73,8 @@ def loop_attention(case: golden.GoldenCase, bug: str | None) -> np.ndarray:
                     seen = -r if bug == "table-reversed" else r
                     logit = scale * a["q"][n, head, i] @ a["k"][n, head, j]
                     if case.scheme in ("bias", "shaw"):
-                        reach = {"clip-at-K-1": K - 1, "clip-at-K+1": K + 1}.get(bug, K)
-                        row = int(np.clip(seen, -reach, reach)) + K
+                        step = {"clip-at-K-1": -1, "clip-at-K+1": 1}.get(bug, 0)
+                        row = int(np.clip(seen, -(P + step), K + step)) + P
 
                         def entry(name, row=row):  # rows a table of 2K + 1 lacks read 0
                             t = table_of(name)
@@ -100,13 +104,17 @@ BUGS = {
     "bias": ["table-reversed", "clip-at-K-1", "clip-at-K+1", "end-aligned", "bias-scaled",
              "shared-table", "causal-strict"],
     "shaw": ["table-reversed", "clip-at-K-1", "clip-at-K+1", "end-aligned"],
+    "shaw/diagnose-asymmetric": ["table-reversed", "clip-at-K-1", "clip-at-K+1",
+                                 "start-aligned", "end-aligned"],
     "t5": ["t5-halves-swapped", "end-aligned"],
 }
 
 
 def _load(suite, scheme):
+    # "shaw" is shaw/diagnose/...; "shaw/diagnose-asymmetric" names its variant
+    prefix = f"{scheme}/" if "/" in scheme else f"{scheme}/diagnose/"
     opened = golden.load_suite(suite)
-    return opened.load(next(c for c in opened.cases if c.startswith(f"{scheme}/")))
+    return opened.load(next(c for c in opened.cases if c.startswith(prefix)))
 
 
 @pytest.mark.parametrize(("scheme", "bug"), [(s, b) for s, bugs in BUGS.items() for b in bugs])
@@ -136,7 +144,7 @@ def test_the_cli_diagnoses_a_directory_of_results(suite, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "matches bias-scaled" in out and "matches t5-halves-swapped" in out
     assert "shaw/diagnose/" in out and "matches the golden" in out
-    assert out.rstrip().endswith("1 of 3 case(s) match their golden")
+    assert out.rstrip().endswith("2 of 4 case(s) match their golden")  # both Shaw cases
     assert main(["diagnose", str(suite), str(mine), "--json", "--select", "t5/*"]) == 1
     (t5,) = json.loads(capsys.readouterr().out)
     assert t5["matches_golden"] is False

@@ -74,9 +74,12 @@ def scheme_defaults(entry: catalog.Scheme) -> dict[str, Any]:
     return out
 
 
-def _positive_names(entry: catalog.Scheme) -> tuple[str, ...]:
-    sizes = tuple(s.key for s in entry.sizes)
-    return ("b", "h", "t_q", "t_k", "d", *sizes, *(o.name for o in entry.options if o.positive))
+def _minimums(entry: catalog.Scheme) -> dict[str, int]:
+    # the integer parameters and their smallest values: 1, or a size's own minimum
+    out = dict.fromkeys(("b", "h", "t_q", "t_k", "d"), 1)
+    out.update({s.key: s.minimum for s in entry.sizes})
+    out.update({o.name: 1 for o in entry.options if o.positive})
+    return out
 
 
 @dataclass(frozen=True)
@@ -141,12 +144,12 @@ class Case:
             if isinstance(default, bool) and not isinstance(value, bool):
                 msg = f"`{name}` must be True or False, got {value!r}"
                 raise ValueError(msg)
-        for name in _positive_names(entry):
+        for name, minimum in _minimums(entry).items():
             value = full.get(name)
             if name in full and value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
+                isinstance(value, bool) or not isinstance(value, int) or value < minimum
             ):
-                msg = f"`{name}` must be an integer >= 1, got {value!r}"
+                msg = f"`{name}` must be an integer >= {minimum}, got {value!r}"
                 raise ValueError(msg)
         _resolve_defaults(entry, full)
         return cls(scheme, variant, tuple(sorted(full.items())), dtype, seed)
@@ -349,8 +352,7 @@ def _base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
         ("shaw", "length-1", {"t_q": 1, "t_k": 1, "d": 4, "K": 2}),
         ("shaw", "keys-only", {"h": 2, "t_q": 6, "t_k": 6, "d": 8, "K": 2, "values": False}),
         # asymmetric clipping (wav2vec2-BERT's relative_key): rows r = -P .. K
-        ("shaw", "asymmetric", {"h": 2, "t_q": 12, "t_k": 12, "d": 8, "K": 2, "P": 5,
-                                "values": False}),
+        ("shaw", "asymmetric", {"h": 2, "t_q": 12, "t_k": 12, "d": 8, "K": 2, "P": 5}),
         # bias: learned scalar per distance, added after scaling
         ("bias", "clip", {"h": 3, "t_q": 7, "t_k": 11, "d": 8, "K": 3, "per_head": True}),
         ("bias", "zero-causal", {"h": 3, "t_q": 11, "t_k": 11, "d": 8, "K": 3, "beyond": "zero",

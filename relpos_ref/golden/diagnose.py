@@ -109,7 +109,7 @@ def variants(scheme: str, call: Call, params: Mapping[str, Any]) -> Iterator[tup
     if scheme == "alibi":
         slopes = _slopes(kwargs, params["h"])
         yield "alibi-sign-flipped", call.replace(kwargs={**kwargs, "slopes": -slopes})
-    if scheme in _CLIPPED and params["K"] >= 2 and (past is None or past >= 2):
+    if scheme in _CLIPPED and params["K"] >= 2 and (past is None or past >= 1):
         early = _with_tables(
             call, lambda t, a: np.take(a, np.arange(1, a.shape[_row_axis(t)] - 1),
                                        axis=_row_axis(t)), entry)

@@ -243,6 +243,7 @@ def shaw_values(
     weights : floating array, shape ``(..., t_q, t_k)``
         Attention weights.
     value_table : floating array, shape ``(2K+1, d_v)`` or ``(h, 2K+1, d_v)``
+        ``P + K + 1`` rows with `max_past`.
     q_offset, beyond, max_past
         As in `shaw_logits`.
     allowed : bool array broadcastable to ``(..., t_q, t_k)``, optional
@@ -251,8 +252,8 @@ def shaw_values(
         every key.
     method : {"efficient", "definition"}, optional
         ``"definition"`` gathers a ``(t_q, t_k, d_v)`` tensor of rows;
-        ``"efficient"`` sums the weights into ``2K + 1`` distance bins,
-        memory ``O(t_q (t_k + K))``.
+        ``"efficient"`` sums the weights into one distance bin per table
+        row, memory ``O(t_q (t_k + K))``.
 
     Returns
     -------
@@ -279,7 +280,7 @@ def shaw_values(
             max_distance=k,
             q_offset=q_offset,
             beyond=beyond,
-            max_past=past,
+            max_past=None if max_past is None else past,
             xp=xp,
             device=_xp.device(weights),
         )
