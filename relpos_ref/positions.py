@@ -210,6 +210,17 @@ def check_integer_array(xp: Any, name: str, r: Any) -> None:
         raise TypeError(msg)
 
 
+def extent_text(past: int, k: int, max_past: int | None) -> str:
+    """How the ``"error"`` policy names a two-sided table's extent (`max_past` as given).
+
+    Examples
+    --------
+    >>> extent_text(2, 2, None), extent_text(3, 1, 3)
+    ('max_distance=2', 'max_past=3, max_distance=1')
+    """
+    return f"max_distance={k}" if max_past is None else f"max_past={past}, max_distance={k}"
+
+
 def table_index(
     r: Any, /, max_distance: int, *, beyond: str = "clip", max_past: int | None = None
 ) -> TableIndex:
@@ -270,8 +281,7 @@ def table_index(
     past = k if max_past is None else nonnegative_int("max_past", max_past)
     check_choice("beyond", beyond, BEYOND_POLICIES)
     if beyond == "error":
-        what = f"max_distance={k}" if max_past is None else f"max_past={past}, max_distance={k}"
-        _check_array_in_table(xp, r, -past, k, what)
+        _check_array_in_table(xp, r, -past, k, extent_text(past, k, max_past))
     index = xp.clip(r, -past, k) + past
     if beyond == "zero":
         valid = (r >= -past) & (r <= k)

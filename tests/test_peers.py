@@ -193,16 +193,20 @@ def test_xlnet_relative_attention_equals_transformer_xl(attn_type, clamp_len, ql
     np.testing.assert_allclose(w, prob.permute(2, 3, 0, 1).numpy(), rtol=0, atol=1e-6)
 
 
-def _wav2vec2_bert_attention(position_type: str, heads: int, d: int, **config: int):
-    """A float64 Wav2Vec2BertSelfAttention with random weights, and its module."""
-    w2v = _need("transformers.models.wav2vec2_bert.modeling_wav2vec2_bert")
-    from transformers import Wav2Vec2BertConfig
+#: transformers' model modules with a Conformer-style self-attention, and their class prefix
+_W2V = {"wav2vec2_bert": "Wav2Vec2Bert", "wav2vec2_conformer": "Wav2Vec2Conformer"}
 
-    cfg = Wav2Vec2BertConfig(hidden_size=heads * d, num_attention_heads=heads,
-                             position_embeddings_type=position_type, attention_dropout=0.0,
-                             **config)
+
+def _wav2vec2_attention(model: str, position_type: str, heads: int, d: int, **config: int):
+    """A float64 ``<prefix>SelfAttention`` with random weights, its config and its module."""
+    w2v = _need(f"transformers.models.{model}.modeling_{model}")
+    import transformers
+
+    cfg = getattr(transformers, f"{_W2V[model]}Config")(
+        hidden_size=heads * d, num_attention_heads=heads, position_embeddings_type=position_type,
+        attention_dropout=0.0, **config)
     cfg._attn_implementation = "eager"
-    layer = w2v.Wav2Vec2BertSelfAttention(cfg).double().eval()
+    layer = getattr(w2v, f"{_W2V[model]}SelfAttention")(cfg).double().eval()
     for p in layer.parameters():
         torch.nn.init.normal_(p, std=0.5)
     return w2v, cfg, layer
@@ -219,8 +223,8 @@ def _projected(layer, x, heads, d):
 def test_wav2vec2_bert_relative_key_equals_asymmetric_shaw(left, right, t):
     torch.manual_seed(2)
     heads, d = 2, 4
-    _, _, layer = _wav2vec2_bert_attention(
-        "relative_key", heads, d, left_max_position_embeddings=left,
+    _, _, layer = _wav2vec2_attention(
+        "wav2vec2_bert", "relative_key", heads, d, left_max_position_embeddings=left,
         right_max_position_embeddings=right)
     x = torch.randn(1, t, heads * d, dtype=torch.float64)
     with torch.no_grad():
@@ -236,26 +240,13 @@ def test_wav2vec2_bert_relative_key_equals_asymmetric_shaw(left, right, t):
     np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("model", ["wav2vec2_bert", "wav2vec2_conformer"])
+@pytest.mark.parametrize("model", sorted(_W2V))
 @pytest.mark.parametrize("t", [1, 7, 16])
 def test_conformer_relative_attention_equals_transformer_xl(model, t):
     torch.manual_seed(3)
     heads, d = 2, 4
-    if model == "wav2vec2_bert":
-        w2v, cfg, layer = _wav2vec2_bert_attention("relative", heads, d)
-        embed = w2v.Wav2Vec2BertRelPositionalEmbedding(cfg)
-    else:
-        w2v = _need("transformers.models.wav2vec2_conformer.modeling_wav2vec2_conformer")
-        from transformers import Wav2Vec2ConformerConfig
-
-        cfg = Wav2Vec2ConformerConfig(hidden_size=heads * d, num_attention_heads=heads,
-                                      position_embeddings_type="relative",
-                                      attention_dropout=0.0)
-        cfg._attn_implementation = "eager"
-        layer = w2v.Wav2Vec2ConformerSelfAttention(cfg).double().eval()
-        for p in layer.parameters():
-            torch.nn.init.normal_(p, std=0.5)
-        embed = w2v.Wav2Vec2ConformerRelPositionalEmbedding(cfg)
+    w2v, cfg, layer = _wav2vec2_attention(model, "relative", heads, d)
+    embed = getattr(w2v, f"{_W2V[model]}RelPositionalEmbedding")(cfg)
     x = torch.randn(1, t, heads * d, dtype=torch.float64)
     with torch.no_grad():
         pe = embed(x)

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..calls import Call, check_terms, computes_in_float32, resolve_call
 from ..gradients import check_d_output
-from ..positions import check_distances_in_table
+from ..positions import check_distances_in_table, extent_text
 from ..schemes import (
     absolute,
     alibi,
@@ -591,10 +591,8 @@ def shaw_attention_vjp(
     past, k_max = shaw.two_sided_extent("key_table", key_table.shape[-2], key_table.shape,
                                         max_past)
     if beyond == "error":  # as the specification's shaw_index, on the host
-        what = (f"max_distance={k_max}" if max_past is None
-                else f"max_past={past}, max_distance={k_max}")
         check_distances_in_table(call.t_q, call.t_k, q_offset=call.q_offset, low=-past,
-                                 high=k_max, what=what)
+                                 high=k_max, what=extent_text(past, k_max, max_past))
     if not _covered(q, call, mask, k, v, d_output, key_table, value_table):
         return NotImplemented
     if value_table is not None and _values_widened_by_v(q, k, v, d_output, mask):

@@ -31,6 +31,7 @@ from ..positions import (
     BEYOND_POLICIES,
     TableIndex,
     check_distances_in_table,
+    extent_text,
     relative_positions,
     table_index,
 )
@@ -147,15 +148,10 @@ def shaw_index(
     check_choice("beyond", beyond, BEYOND_POLICIES)
     if beyond == "error":
         check_distances_in_table(t_q, t_k, q_offset=q_offset, low=-past, high=k,
-                                 what=_extent_text(past, k, max_past))
+                                 what=extent_text(past, k, max_past))
         beyond = "clip"
     r = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=device)
     return table_index(r, k, beyond=beyond, max_past=max_past)
-
-
-def _extent_text(past: int, k: int, max_past: int | None) -> str:
-    # how the "error" policy's message names the table's extent
-    return f"max_distance={k}" if max_past is None else f"max_past={past}, max_distance={k}"
 
 
 @computes_in_float32
@@ -288,7 +284,7 @@ def shaw_values(
         return weighted_rows(weights, gather_rows(value_table, index), used)
     if beyond == "error":
         check_distances_in_table(t_q, t_k, q_offset=q_offset, low=-past, high=k,
-                                 what=_extent_text(past, k, max_past))
+                                 what=extent_text(past, k, max_past))
         beyond = "clip"
     return binned_values(
         weights, value_table, low=-past, high=k, q_offset=q_offset, clip=beyond == "clip",
