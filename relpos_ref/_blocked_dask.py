@@ -76,7 +76,7 @@ from typing import Any
 import dask.array as da
 from dask.array.utils import meta_from_array
 
-from .blocked import _attend_rows
+from .blocked import _attend_rows, _key_blocks
 from .catalog import get
 
 __all__ = ["blocked_attention_chunked"]
@@ -117,10 +117,8 @@ def _tiles(
     """
     for i0 in range(0, t_q, block):
         i1 = min(i0 + block, t_q)
-        for j0 in range(0, t_k, block):
-            if causal and j0 > i1 - 1 + q_offset:
-                break
-            yield i0, i1, j0, min(j0 + block, t_k)
+        for j0, j1 in _key_blocks(i1 - 1, t_k, block=block, causal=causal, q_offset=q_offset):
+            yield i0, i1, j0, j1
 
 
 def _check_tiles(

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from . import _xp
@@ -178,6 +178,25 @@ def blocked_attention(
                             options=options, mask=mask, bar=bar)
 
 
+def _key_blocks(
+    last_row: int, t_k: int, /, *, block: int, causal: bool, q_offset: int
+) -> Iterator[tuple[int, int]]:
+    """``(j0, j1)`` of the key blocks a tile of queries up to `last_row` visits.
+
+    Under `causal` none after the block of the last query's last allowed key:
+    every key from there on is in the future of every query of the tile.
+
+    Examples
+    --------
+    >>> list(_key_blocks(1, 6, block=2, causal=True, q_offset=0))
+    [(0, 2)]
+    """
+    for j0 in range(0, t_k, block):
+        if causal and j0 > last_row + q_offset:
+            break
+        yield j0, min(j0 + block, t_k)
+
+
 def _attend_rows(
     q: Any,
     k: Any,
@@ -236,10 +255,7 @@ def _attend_rows(
         m = xp.full((*lead, rows, 1), -xp.inf, dtype=q.dtype, device=dev)
         total = xp.zeros((*lead, rows, 1), dtype=q.dtype, device=dev)
         acc = xp.zeros((*lead, rows, d_v), dtype=q.dtype, device=dev)
-        for j0 in range(0, t_k, block):
-            if causal and j0 > end - 1 + q_offset:
-                break  # every key from here on is in the future of every query
-            j1 = min(j0 + block, t_k)
+        for j0, j1 in _key_blocks(end - 1, t_k, block=block, causal=causal, q_offset=q_offset):
             k_blk, v_blk = k[..., j0:j1, :], v[..., j0:j1, :]
             off = q_offset + at - j0
             position, bias = entry.terms(q_blk, k_blk, tables, q_offset=q_offset, i0=at,
