@@ -5,7 +5,8 @@ empty grids, batch and heads broadcast between ``q``, ``k`` and ``v``; an
 ``h x w`` grid for grid2d and Swin), offsets, causality, masks (random,
 empty rows, broadcast leading axes), the scheme's policies and options
 (optional tables switched on and off), shared and per-head tables, dtypes,
-row blocks, tile sub-blocks, DeBERTa's key chunks and end runs, and the
+row blocks, tile sub-blocks, DeBERTa's distance groups, run sizes and
+heads per pass, and the
 exponential with and without its row maxima; the kernel called directly
 must return the specification's gradients (``relpos_ref.kernels.disabled``)
 to the rounding of a reordered sum, or
@@ -215,15 +216,21 @@ def _spec(scheme, args, kwargs):
 @pytest.mark.parametrize("scheme", COVERED)
 @settings(max_examples=max(60, settings.default.max_examples))  # small calls: cheap
 @given(data=st.data(), block=st.sampled_from([64, 700, 2**21]),
-       chunk=st.sampled_from([1, 3, 64]), sub=st.sampled_from([1, 2, 32]),
-       run=st.sampled_from([1, 2, 16]), limit=st.sampled_from([None, {}]))
-def test_vjp_kernel_equals_the_specification(scheme, data, block, chunk, sub, run, limit):
+       group=st.sampled_from([1, 3, 64]), sub=st.sampled_from([1, 2, 32]),
+       run=st.sampled_from([1, 2, 16]), runs=st.sampled_from([1, 5, 64]),
+       single=st.sampled_from([1, 4]), heads=st.sampled_from([1, 2**24]),
+       limit=st.sampled_from([None, {}]))
+def test_vjp_kernel_equals_the_specification(scheme, data, block, group, sub, run, runs, single,
+                                              heads, limit):
     args, kwargs = data.draw(vjp_calls(scheme))
     limits = _numpy_vjp.EXP_LIMIT if limit is None else limit  # {}: always subtract
     with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", block), \
-            mock.patch.object(_numpy_vjps, "KEY_CHUNK", chunk), \
+            mock.patch.object(_numpy_vjps, "GROUP_ROWS", group), \
             mock.patch.object(_numpy_vjp, "TILE_ROWS", sub), \
             mock.patch.object(_numpy_vjps, "END_RUN", run), \
+            mock.patch.object(_numpy_vjps, "RUN_ROWS", runs), \
+            mock.patch.object(_numpy_vjps, "SINGLE_ROWS", single), \
+            mock.patch.object(_numpy_vjps, "DIAGONAL_BYTES", heads), \
             mock.patch.object(_numpy_vjp, "EXP_LIMIT", limits):
         direct = _errors_alike(lambda: VJP_KERNELS[scheme](*args, **kwargs))
     want = _errors_alike(lambda: _spec(scheme, args, kwargs))
@@ -294,11 +301,42 @@ def test_vjp_kernel_covers_long_causal_calls_block_by_block(scheme):
     if _accepts(scheme, "causal"):
         kwargs["causal"] = True
     with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", 8 * 45 * 5), \
-            mock.patch.object(_numpy_vjps, "KEY_CHUNK", 7), \
+            mock.patch.object(_numpy_vjps, "GROUP_ROWS", 7), \
             mock.patch.object(_numpy_vjp, "TILE_ROWS", 2), \
-            mock.patch.object(_numpy_vjps, "END_RUN", 3):
+            mock.patch.object(_numpy_vjps, "END_RUN", 3), \
+            mock.patch.object(_numpy_vjps, "RUN_ROWS", 4), \
+            mock.patch.object(_numpy_vjps, "DIAGONAL_BYTES", 1):
         got = VJP_KERNELS[scheme](*args, **kwargs)
     _assert_gradients_equal(got, _spec(scheme, args, kwargs))
+
+
+@pytest.mark.parametrize("max_position", [None, 12, 17, 40])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("constants", [
+    {},  # the defaults: every head in one pass, groups of 64 distances
+    {"GROUP_ROWS": 5, "RUN_ROWS": 3, "SINGLE_ROWS": 2, "END_RUN": 4, "DIAGONAL_BYTES": 1},
+    {"GROUP_ROWS": 1, "RUN_ROWS": 64, "DIAGONAL_BYTES": 30_000},  # heads two or three a pass
+])
+def test_deberta_vjp_kernel_sums_log_buckets_by_table_row(max_position, causal, constants):
+    # every kind of run at once: exact distances, logarithmic buckets (P = 12 and 17 skip
+    # table rows, 40 does not), clipped ends; row blocks of 16 queries, heads of two batch
+    # entries with per-head tables, a mask, an offset
+    rng = np.random.default_rng(7)
+    q, k = rng.standard_normal((2, 3, 50, 4)), rng.standard_normal((2, 3, 70, 4))
+    v, d_output = rng.standard_normal((2, 3, 70, 3)), rng.standard_normal((2, 3, 50, 3))
+    key_table, query_table = rng.standard_normal((2, 3, 32, 4))
+    kwargs = {"d_output": d_output, "max_position": max_position, "causal": causal,
+              "q_offset": 5, "mask": rng.random((50, 70)) < 0.9}
+    patches = [mock.patch.object(_numpy_vjps, name, value) for name, value in constants.items()]
+    with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", 16 * 70 * 8):
+        for patch in patches:
+            patch.start()
+        try:
+            got = VJP_KERNELS["deberta"](q, k, v, key_table, query_table, **kwargs)
+        finally:
+            for patch in patches:
+                patch.stop()
+    _assert_gradients_equal(got, _spec("deberta", (q, k, v, key_table, query_table), kwargs))
 
 
 @pytest.mark.parametrize("scheme", COVERED)
@@ -559,21 +597,28 @@ def _runs(draw):
 
 
 @given(row_of=_runs(), data=st.data(), run=st.sampled_from([1, 3, 8, 16]),
-       lead=st.sampled_from([(), (2,)]))
-def test_column_sums_add_each_column_to_its_table_row(row_of, data, run, lead):
+       runs=st.sampled_from([1, 4, 64]), single=st.sampled_from([1, 2, 8]),
+       lead=st.sampled_from([(), (2,)]), assign=st.booleans())
+def test_row_sums_add_each_row_to_its_table_row(row_of, data, run, runs, single, lead, assign):
     first = data.draw(st.integers(0, row_of.size - 1))
     length = data.draw(st.integers(1, row_of.size - first))
     rng = np.random.default_rng(first * 1000 + length)
-    tile = np.zeros((*lead, 3, length + 1))
-    tile[..., :length] = rng.standard_normal((*lead, 3, length))
-    n_rows = int(row_of[-1]) + 1
-    out = np.full((*lead, 3, n_rows), 0.5)
-    with mock.patch.object(_numpy_vjps, "END_RUN", run):
-        sums = _numpy_vjps._ColumnSums(row_of)
-        sums.add(tile, first, length, out)
+    x = rng.standard_normal((*lead, length, 3))
+    n_rows = int(row_of[-1]) + 2
+    out = np.full((*lead, n_rows, 3), 0.5)
+    with mock.patch.object(_numpy_vjps, "END_RUN", run), \
+            mock.patch.object(_numpy_vjps, "RUN_ROWS", runs), \
+            mock.patch.object(_numpy_vjps, "SINGLE_ROWS", single):
+        sums = _numpy_vjps._RowSums(row_of)
+        sums.add(x, first, out, assign=assign)
+        again = np.full_like(out, 0.5)
+        sums.add(x, first, again, assign=assign)  # the plan, made once, used again
         lo, hi = sums.span(first, length)
-    want = np.full((*lead, 3, n_rows), 0.5)
-    for c in range(length):
-        want[..., row_of[first + c]] += tile[..., c]
-    np.testing.assert_allclose(out, want)
     assert (lo, hi) == (row_of[first], row_of[first + length - 1] + 1)
+    want = np.full((*lead, n_rows, 3), 0.5)
+    if assign:  # rows lo .. hi - 1 replaced (zeros where no distance reads them)
+        want[..., lo:hi, :] = 0
+    for u in range(length):
+        want[..., row_of[first + u], :] += x[..., u, :]
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(again, out)

@@ -342,6 +342,14 @@ class Term:
         adds its own :math:`\\bar{w} / T`, which it gets from `Block.d_output`.
         """
 
+    def logits_view(self, block: Block) -> np.ndarray | None:
+        """A writeable ``(B, W)`` array of the term's own for the block's :math:`\\bar{l}`.
+
+        `backward` writes :math:`\\bar{l}` there (rather than over the weights) and
+        runs its products from there; ``None`` (the default): over the weights.
+        """
+        return None
+
     def d_logits(self, block: Block, d_logits: np.ndarray) -> None:
         """Take the block's :math:`\\bar{l}` (``(B, W)``, unscaled; skewed in `Block.tile`)."""
 
@@ -501,13 +509,17 @@ def backward(
             inner = row_dot(scores, g)
             inner *= inverse
             g -= inner[:, None]
-            scores *= g
-            np.matmul(scores, k_g[:width], out=block.dq)
+            d_logits = term.logits_view(block)
+            if d_logits is None:
+                d_logits = np.multiply(scores, g, out=scores)
+            else:  # written where the term keeps it (a pass saved)
+                np.multiply(scores, g, out=d_logits)
+            np.matmul(d_logits, k_g[:width], out=block.dq)
             if tile is not None:
-                skew_view(tile, width)[...] = scores
-            term.d_logits(block, scores)
+                skew_view(tile, width)[...] = d_logits
+            term.d_logits(block, d_logits)
             part = dk_part[:width]
-            np.matmul(scores.T, block.q_scaled, out=part)
+            np.matmul(d_logits.T, block.q_scaled, out=part)
             dk_g[:width] += part
         term.finish(a, b, width)
     dq *= scale

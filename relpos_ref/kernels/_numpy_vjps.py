@@ -75,14 +75,25 @@ __all__ = ["VJP_KERNELS"]
 #: Scheme name (as in `relpos_ref.catalog`) -> its NumPy VJP kernel.
 VJP_KERNELS: dict[str, Callable[..., Any]] = {}
 
-#: Keys per chunk of DeBERTa's p2c backward (`_DebertaTables`): a chunk's tile has
-#: ``C (B + C - 1)`` entries for the ``C B`` of its keys (32 and 64 ran alike at t = 1024,
-#: 128 and more slower).
-KEY_CHUNK = 32
+#: Distances per group of DeBERTa's p2c backward (`_DebertaTables`): a group's view of
+#: the block reads ``G (B + G - 1)`` entries for the ``G B`` of its distances.
+GROUP_ROWS = 64
+
+#: Bytes of the diagonal-major copies of DeBERTa's blocks (`_DebertaTables`) kept before
+#: they are summed: the copies of this many bytes' worth of heads are summed together.
+DIAGONAL_BYTES = 16 * 2**20
 
 #: DeBERTa's table rows read by this many distances of a block or more (the clipped
-#: buckets at either end) are summed by matrix-vector products rather than gathered.
+#: buckets at either end) are one sum each (`_RowSums`) rather than gathered.
 END_RUN = 16
+
+#: Stretches of at least this many single distances on consecutive table rows (DeBERTa's
+#: exact distances) are added as one slice (`_RowSums`).
+SINGLE_ROWS = 4
+
+#: Distances per product of DeBERTa's other runs (`_RowSums`, its logarithmic buckets):
+#: a 0/1 matrix of (runs, distances) times that many rows.
+RUN_ROWS = 64
 
 #: Query rows per block at most with Shaw's clipped tables (`_ClippedTable`): the band
 #: tile of a block, ``B + P + K`` keys wide, is the part of its work that grows with
@@ -860,99 +871,105 @@ def _vector_gradient(per_row: np.ndarray, vector: np.ndarray) -> np.ndarray:
     return sum_to(per_row, (vector.shape[0], 1, vector.shape[1])).reshape(vector.shape)
 
 
-def _transpose_into(dst: np.ndarray, src: np.ndarray, store: dict[str, np.ndarray]) -> None:
-    # dst (m, n) = src.T for src (n, m): NumPy's strided copy of a transpose reads one
-    # entry per cache line; through 8 x 8 tiles (two copies, each of runs of 8) it ran
-    # twice as fast here
-    n, m = src.shape
-    if n % 8 or m % 8:
-        np.copyto(dst, src.T)
-        return
-    tiles = _scratch(store, (m // 8, n // 8, 8, 8), src.dtype)
-    target = dst.reshape(m // 8, 8, n // 8, 8)  # a view: dst's rows are contiguous
-    np.copyto(tiles, src.reshape(n // 8, 8, m // 8, 8).transpose(2, 0, 3, 1))
-    np.copyto(target, tiles.transpose(0, 2, 1, 3))
-    if not np.shares_memory(target, dst):  # pragma: no cover - a copy after all
-        np.copyto(dst, src.T)
-
-
-class _ColumnSums:
-    """Tiles' columns summed by table row, column ``c`` of a window being distance ``w + c``.
+class _RowSums:
+    """Rows of a distance-major array summed by table row, row ``u`` being distance ``w + u``.
 
     `row_of` (non-decreasing, one table row per distance index) makes each table
-    row one run of distances. Runs of `END_RUN` distances or more (the clipped
-    ends) are row sums (matrix-vector products); stretches of 8 or more runs of one
-    distance each on consecutive rows (the exact distances) are slices; every
-    other run is gathered into ``(longest, runs)`` columns, shorter runs padded
-    with the tile's zero column, and summed over the first axis. That plan is made
-    once for all distances; a window takes its part of it.
+    row one run of distances. For ``x`` of shape ``(..., length, R)`` and `out`
+    ``(..., rows, R)``, `add` does ``out[..., row_of[w + u], :] += x[..., u, :]``
+    for every ``u``, in whole rows of ``R`` entries: runs of `END_RUN` distances or
+    more (the clipped ends) as one sum each; stretches of `SINGLE_ROWS` or more
+    single distances on consecutive table rows (the exact distances) as one slice;
+    the other runs (DeBERTa's logarithmic buckets) `RUN_ROWS` distances at a time,
+    as the product of a 0/1 matrix (a run per row) with those rows of ``x``.
+    The plan for a window ``(w, length)`` is made once.
+
+    With ``assign=True`` the sums replace rows ``lo .. hi - 1`` of `out` (`span`;
+    rows no distance of the window reads get zeros): each row is one run, so
+    every step writes rows no other step writes.
     """
 
     def __init__(self, row_of: np.ndarray) -> None:
         starts = np.flatnonzero(np.concatenate(([True], row_of[1:] != row_of[:-1])))
-        ends = np.append(starts[1:], row_of.size)
-        rows, size = row_of[starts], ends - starts
         self.row_of = row_of
-        long = size >= END_RUN
-        self.long = [(int(a), int(b), int(r)) for a, b, r in zip(starts[long], ends[long],
-                                                                  rows[long], strict=True)]
-        # stretches of single distances on consecutive rows
-        single = (size == 1) & ~long
+        self.starts, self.ends = starts, np.append(starts[1:], row_of.size)
+        self.plans: dict[tuple[int, int, Any], list[tuple[Any, ...]]] = {}
+
+    def _plan(self, w: int, length: int, dtype: Any) -> list[tuple[Any, ...]]:
+        k0 = int(np.searchsorted(self.ends, w, side="right"))
+        k1 = int(np.searchsorted(self.starts, w + length, side="left"))
+        start = np.maximum(self.starts[k0:k1], w) - w
+        size = np.minimum(self.ends[k0:k1], w + length) - w - start
+        rows = self.row_of[w + start]
+        # stretches of single distances on consecutive table rows
+        single = (size == 1) & (size < END_RUN)
         follows = np.concatenate(([False], single[:-1] & (np.diff(rows) == 1))) & single
         stretch = np.cumsum(single & ~follows)
-        counts = np.bincount(stretch[single], minlength=stretch[-1] + 1 if size.size else 1)
-        sliced = single & (counts[stretch] >= 8)
-        heads = sliced & ~follows
-        self.slices = [(int(s), int(r), int(counts[i])) for s, r, i in
-                       zip(starts[heads], rows[heads], stretch[heads], strict=True)]
-        gathered = ~long & ~sliced
-        self.g_starts, self.g_ends = starts[gathered], ends[gathered]
-        self.g_rows = rows[gathered]
-        ell = int(size[gathered].max()) if gathered.any() else 0
-        t = np.arange(ell)[:, None]
-        self.slots = np.where(t < size[gathered], self.g_starts + t, -1)  # (ell, runs)
-        # runs of consecutive rows among the gathered: where each begins
-        self.g_cuts = np.flatnonzero(np.concatenate(([True], np.diff(self.g_rows) != 1)))
-        self.ones = np.ones(0)
+        counts = np.bincount(stretch[single], minlength=int(stretch[-1]) + 1)
+        sliced = single & (counts[stretch] >= SINGLE_ROWS)
+        steps: list[tuple[Any, ...]] = []
+        for i in np.flatnonzero(sliced & ~follows):
+            count = int(counts[stretch[i]])
+            steps.append(("rows", int(start[i]), int(start[i]) + count, int(rows[i])))
+        for i in np.flatnonzero(size >= END_RUN):
+            steps.append(("sum", int(start[i]), int(start[i] + size[i]), int(rows[i])))
+        # the other runs, a band of consecutive ones at a time, RUN_ROWS distances at most
+        other = ~sliced & (size < END_RUN)
+        i, runs = 0, size.size
+        while i < runs:
+            if not other[i]:
+                i += 1
+                continue
+            j = i + 1
+            while (j < runs and other[j] and start[j] == start[j - 1] + size[j - 1]
+                   and start[j] + size[j] - start[i] <= RUN_ROWS):
+                j += 1
+            u0, u1 = int(start[i]), int(start[j - 1] + size[j - 1])
+            ones = np.zeros((j - i, u1 - u0), dtype=dtype)
+            for m in range(i, j):
+                ones[m - i, start[m] - u0 : start[m] + size[m] - u0] = 1
+            steps.append(("runs", u0, u1, ones, rows[i:j]))
+            i = j
+        if rows.size:  # table rows between the first and the last that no run reaches
+            gaps = np.setdiff1d(np.arange(rows[0], rows[-1] + 1), rows)
+            if gaps.size:
+                steps.append(("gaps", gaps))
+        return steps
 
     def span(self, w: int, length: int) -> tuple[int, int]:
         """The table rows that distances ``w .. w + length - 1`` read: ``lo .. hi - 1``."""
         return int(self.row_of[w]), int(self.row_of[w + length - 1]) + 1
 
-    def add(self, tile: np.ndarray, w: int, length: int, out: np.ndarray) -> None:
-        """``out[..., m] +=`` the columns ``0 .. length - 1`` of `tile` that are table row ``m``.
+    def add(self, x: np.ndarray, w: int, out: np.ndarray, *, assign: bool = False) -> None:
+        """``out[..., m, :] +=`` the rows of `x` (``(..., length, R)``) of table row ``m``.
 
-        `tile` is ``(..., R, > length)`` with zeros in column ``length``; `out`
-        ``(..., R, rows)``.
+        With `assign`, ``=`` instead of ``+=`` for rows ``lo .. hi - 1`` (`span`).
         """
-        end = w + length
-        for s, r, count in self.slices:
-            a, b = max(s, w), min(s + count, end)
-            if b > a:
-                out[..., r + a - s : r + b - s] += tile[..., a - w : b - w]
-        k0 = int(np.searchsorted(self.g_ends, w, side="right"))
-        k1 = int(np.searchsorted(self.g_starts, end, side="left"))
-        if k1 > k0:
-            slots = self.slots[:, k0:k1]
-            index = slots - w
-            index[(slots < 0) | (index < 0) | (index >= length)] = length
-            values = np.take(tile, index.ravel(), axis=-1)
-            count = k1 - k0
-            sums = values[..., :count]
-            if index.shape[0] > 1:
-                sums = sums + values[..., count : 2 * count]
-                for t in range(2, index.shape[0]):
-                    sums += values[..., t * count : (t + 1) * count]
-            cuts = self.g_cuts[(self.g_cuts > k0) & (self.g_cuts < k1)]
-            for p0, p1 in zip((k0, *cuts.tolist()), (*cuts.tolist(), k1), strict=True):
-                m0 = int(self.g_rows[p0])
-                out[..., m0 : m0 + p1 - p0] += sums[..., p0 - k0 : p1 - k0]
-        if self.long and self.ones.size < length:
-            self.ones = np.ones(length, dtype=tile.dtype)
-        for s, e, r in self.long:
-            a, b = max(s, w), min(e, end)
-            if b > a:
-                out[..., r] += tile[..., a - w : b - w] @ self.ones[: b - a]
+        key = (w, x.shape[-2], x.dtype)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = self._plan(*key)
+        for step in plan:
+            if step[0] == "gaps":
+                if assign:
+                    out[..., step[1], :] = 0
+                continue
+            if step[0] == "rows":
+                _, u0, u1, m = step
+                rows: Any = slice(m, m + u1 - u0)
+                sums = x[..., u0:u1, :]
+            elif step[0] == "sum":
+                _, u0, u1, m = step
+                rows, sums = m, x[..., u0:u1, :].sum(axis=-2)
+            else:
+                _, u0, u1, ones, rows = step
+                sums = np.matmul(ones, x[..., u0:u1, :])
+                if rows[-1] - rows[0] == rows.size - 1:  # consecutive table rows
+                    rows = slice(int(rows[0]), int(rows[-1]) + 1)
+            if assign:
+                out[..., rows, :] = sums
+            else:
+                out[..., rows, :] += sums
 
 
 class _DebertaTables(Term):
@@ -960,16 +977,23 @@ class _DebertaTables(Term):
 
     The scores get both as the forward kernel's gathers from ``s q K^T`` and
     ``s Q k^T``, their indices shared by the heads of a block. The gradients are
-    the sums of :math:`\\bar{l}` by table row (`_ColumnSums`): per query for c2p
-    (``(B, 2S)``, then ``dq_B += G K`` and ``dK += G^T q_B``), through the block
-    skewed so that its columns are distances; per key for p2c (accumulated into
-    ``(t_k, 2S)``, multiplied out at the end), through the block transposed
-    (`_transpose_into`, query rows reversed) into rows with ``C - 1`` zeros before
-    and ``C`` after, whose strided view per chunk of ``C`` keys is skewed the other
-    way (keys as rows, distances as columns). The keys' sums run once every head
-    of a block is transposed (`Term.finish`), on all heads at once; a transposed
-    copy is the one pass through the block that p2c cannot do without (NumPy's
-    ran at a third of a copy's speed, through 8 x 8 tiles at half).
+    the sums of :math:`\\bar{l}` by table row, per query for c2p (``G``, per
+    block: ``dq_B += G K``, ``dK += G^T q_B``) and per key for p2c (``Z``, over
+    every block: ``dk = s Z Q`` and ``dQ = s Z^T k`` at the end). Both come
+    from one copy of each block, *diagonal-major*: the core writes
+    :math:`\\bar{l}` skewed into the term's tile (`logits_view`: its columns are
+    distances), which is copied transposed, so that row ``c`` holds distance
+    ``first + c`` for every query of the block (the diagonals of
+    :math:`\\bar{l}`). Summing whole rows by table row (`_RowSums`) gives c2p's
+    sums for every query at once; p2c reads the same copy key by key: over a
+    group of `GROUP_ROWS` rows, a view whose row ``c`` starts ``c`` entries
+    earlier (every row padded with ``GROUP_ROWS - 1`` zeros) has one key per
+    column, and its rows summed by table row are p2c's sums for those keys.
+    The copies of up to `DIAGONAL_BYTES` worth of a block's heads are summed
+    together. The transposed copy is the one pass p2c cannot do without (the
+    tile's width is kept odd for it); with the sums along whole rows, every
+    other pass reads contiguous rows, and the logarithmic buckets' short runs
+    are small GEMMs with 0/1 matrices.
     """
 
     def __init__(self, q, k, key_table, query_table, call: Call, max_position) -> None:
@@ -983,14 +1007,13 @@ class _DebertaTables(Term):
         r_min, n = _distances(call)
         self.row_of = np.asarray(deberta.deberta_rows(xp.asarray(np.arange(r_min, r_min + n)),
                                                       span=span, max_position=max_position))
-        self.sums = _ColumnSums(self.row_of)
+        self.sums = _RowSums(self.row_of)
         self.batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2],
                                          *(t.shape[:-2] for t in self.tables.values()))
         scale = q.dtype.type(call.scale)
         if key_table is not None:  # (..., t_q * 2S), as the forward kernel's
             by_query = np.matmul(q * scale, np.swapaxes(key_table, -1, -2))
             self.by_query = by_query.reshape(*by_query.shape[:-2], -1)
-            self.d_key = np.zeros(key_table.shape, dtype=key_table.dtype)
         if query_table is not None:  # (..., 2S * t_k)
             by_key = np.matmul(query_table, np.swapaxes(k * scale, -1, -2))
             self.by_key = by_key.reshape(*by_key.shape[:-2], -1)
@@ -998,17 +1021,21 @@ class _DebertaTables(Term):
         self.buffers: dict[str, dict[str, np.ndarray]] = {}
         self.block: tuple[int, int, int] | None = None
         self.geometry: tuple[int, int] | None = None
+        self.layout: int | None = None
 
     def _buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         # a buffer of its own per name, reused from block to block
         return _scratch(self.buffers.setdefault(name, {}), shape, self.dtype)
 
     def start(self, batch: tuple[int, ...], dtype: Any) -> None:
-        self.dtype = dtype
+        self.dtype, self.batch_shape = dtype, batch
         self.groups = {group: i for i, group in enumerate(np.ndindex(*batch))}
-        self.dz = None
-        if "query_table" in self.tables:  # per key and table row: p2c's gradient
-            self.dz = np.zeros((*batch, self.call.t_k, self.n_rows), dtype=dtype)
+        if "key_table" in self.tables:
+            self.d_key = np.zeros(self.tables["key_table"].shape, dtype=dtype)
+        if "query_table" in self.tables:  # per batch entry, table row and key: p2c's sums
+            self.by_key_row = np.zeros((len(self.groups), self.n_rows, self.call.t_k),
+                                       dtype=dtype)
+        self.pending: list[tuple[tuple[int, ...], np.ndarray, np.ndarray]] = []
 
     def select(self, group: tuple[int, ...]) -> None:
         self.group = group
@@ -1020,6 +1047,7 @@ class _DebertaTables(Term):
         if (block.a, block.b, width) == self.block:
             return
         self.block = (block.a, block.b, width)
+        self.first = block.first
         length = width + n - 1
         if "key_table" in self.tables:
             window = self.row_of[block.first : block.first + length]
@@ -1032,19 +1060,56 @@ class _DebertaTables(Term):
             return
         self.geometry = (n, width)
         self.values = self._buffer("values", (n, width))
-        if "key_table" in self.tables:
-            # the block skewed (column c: distance index first + c), a zero column after
-            self.tile = self._buffer("tile", (n, length + 1))
-            self.tile.fill(0)
-            self.by_row = self._buffer("by row", (n, self.n_rows))
-        if "query_table" in self.tables:
-            chunk = min(KEY_CHUNK, width)
-            self.chunk, self.stride = chunk, n + 2 * chunk - 1
-            # every head's block transposed: row j holds key j's column, rows reversed,
-            # after chunk - 1 zeros and before chunk; one zero row after each head's keys
-            self.columns = self._buffer(
-                "columns", (len(self.groups) * (width + 1) * self.stride + self.stride,))
-            self.columns.fill(0)
+        # the block skewed (column c: distance index first + c), a zero column after, and
+        # one more where that makes the width even: NumPy's transposed copy reads the
+        # tile a column at a time, and rows of 2^k bytes apart share cache sets (an
+        # even width, 1280 columns, ran 1.6 to 1.8 times slower than 1279 or 1281)
+        rows = length + 1 + (length + 1) % 2
+        self.tile = self._buffer("tile", (n, rows))
+        self.tile.fill(0)
+        if n == self.layout:
+            return
+        # per head: G - 1 zeros, then rows of n entries and G - 1 zeros each (as many as
+        # the widest block's tile has columns), and G zeros (G = GROUP_ROWS): its
+        # diagonal-major copy, and what p2c's views read beyond it; laid out once per
+        # block height (a causal call's blocks widen, its copies' rows stay put)
+        self.layout, group_rows, slot = n, GROUP_ROWS, self.call.t_k + n + 1
+        self.head_size = group_rows - 1 + slot * (n + group_rows - 1) + group_rows
+        heads = min(len(self.groups),
+                    max(1, DIAGONAL_BYTES // (self.head_size * self.dtype.itemsize)))
+        self.capacity, self.group_rows = heads, group_rows
+        self.diagonals = self._zero_padded(heads, slot, n)
+        if "key_table" in self.tables:  # c2p's sums, by head, table row and query
+            self.by_query_row = self._buffer("by query row", (heads, self.n_rows, n))
+
+    def _zero_padded(self, heads: int, rows: int, n: int) -> np.ndarray:
+        # the copies' buffer with zeros wherever no copy writes (a new one all zeros, its
+        # pages untouched until the copies write them; a reused one zeroed there alone)
+        store, size = self.buffers.setdefault("diagonals", {}), heads * self.head_size
+        buffer = store.get("buffer")
+        if buffer is None or buffer.size < size:
+            buffer = store["buffer"] = np.zeros(size, dtype=self.dtype)
+            return buffer
+        buffer = buffer[:size]
+        step, pad, line = buffer.itemsize, self.group_rows - 1, n + self.group_rows - 1
+        strided = np.lib.stride_tricks.as_strided
+        head = (self.head_size * step,)
+        strided(buffer, (heads, pad), (*head, step)).fill(0)
+        strided(buffer[pad + n :], (heads, rows, pad), (*head, line * step, step)).fill(0)
+        strided(buffer[pad + rows * line :], (heads, pad + 1), (*head, step)).fill(0)
+        return buffer
+
+    def _diagonal_view(self, head: int, row: int, shape: tuple[int, int], shift: int,
+                       heads: int = 1) -> Any:
+        # rows `row ..` of the diagonal-major copies of heads `head .. head + heads - 1`,
+        # each row starting `shift` entries further than a plain row (-1: p2c's view)
+        n, _ = self.geometry
+        step = self.diagonals.itemsize
+        line = n + self.group_rows - 1
+        offset = head * self.head_size + self.group_rows - 1 + row * line
+        return np.lib.stride_tricks.as_strided(
+            self.diagonals[offset:], shape=(heads, *shape),
+            strides=(self.head_size * step, (line + shift) * step, step))
 
     def position(self, block: Block, scores: np.ndarray) -> None:
         self._block(block)
@@ -1055,49 +1120,59 @@ class _DebertaTables(Term):
                         out=self.values, mode="clip")
                 scores += self.values
 
+    def logits_view(self, block: Block) -> np.ndarray:
+        # the core writes the block's gradient straight into the skewed tile
+        n, width = block.b - block.a, block.width
+        return skew_view(self.tile[:, : width + n - 1], width)
+
     def d_logits(self, block: Block, d_logits: np.ndarray) -> None:
-        n, width = d_logits.shape
-        if "key_table" in self.tables:  # by query and table row, then two GEMMs
-            skew_view(self.tile[:, :-1], width)[...] = d_logits
-            lo, hi = self.sums.span(block.first, width + n - 1)
-            by_row = self.by_row[:, lo:hi]
-            by_row.fill(0)
-            self.sums.add(self.tile, block.first, width + n - 1, self.by_row)
-            block.dq[...] += by_row @ at(self.tables["key_table"], self.group, 2)[lo:hi]
-            at(self.d_key, self.group, 2)[lo:hi] += by_row.T @ block.q
-        if "query_table" in self.tables:
-            stride, size = self.stride, (width + 1) * self.stride
-            head = self.columns[self.groups[self.group] * size :][: width * stride]
-            head = head.reshape(width, stride)[:, self.chunk - 1 : self.chunk - 1 + n]
-            _transpose_into(head, d_logits[::-1], self.buffers.setdefault("transposing", {}))
+        n = d_logits.shape[0]  # already in the tile (`logits_view`)
+        copy = self._diagonal_view(len(self.pending), 0, (self.tile.shape[1], n), 0)[0]
+        np.copyto(copy, self.tile.T)
+        self.pending.append((self.group, block.q, block.dq))
+        if len(self.pending) == self.capacity:
+            self._sum_pending()
 
     def finish(self, a: int, b: int, width: int) -> None:
-        if "query_table" not in self.tables:
-            return
-        n, first = b - a, self.call.t_q - b
-        chunk, stride = self.chunk, self.stride
-        step = self.columns.itemsize
-        dz = self.dz.reshape(-1, self.call.t_k, self.n_rows)
-        for j0 in range(0, width, chunk):
-            c = min(chunk, width - j0)
-            # keys j0 .. j0 + c - 1 of every head: row j', column c' is query row
-            # b - 1 - (c' - j'), distance index first + j0 + c'; column n + c - 1 is zero
-            tiles = np.lib.stride_tricks.as_strided(
-                self.columns[j0 * stride + chunk - 1 :], shape=(len(self.groups), c, n + c),
-                strides=((width + 1) * stride * step, (stride - 1) * step, step))
-            self.sums.add(tiles, first + j0, n + c - 1, dz[:, j0 : j0 + c])
+        if self.pending:
+            self._sum_pending()
+
+    def _sum_pending(self) -> None:
+        # the pending heads' copies summed by table row: c2p's by query (then two GEMMs
+        # per head), p2c's by key into `by_key_row`
+        (a, b, width), first = self.block, self.first
+        n, length, heads = b - a, width + b - a - 1, len(self.pending)
+        if "key_table" in self.tables:
+            lo, hi = self.sums.span(first, length)
+            sums = self.by_query_row[:heads]
+            self.sums.add(self._diagonal_view(0, 0, (length, n), 0, heads), first, sums,
+                          assign=True)
+            table = self.tables["key_table"]
+            for (group, q, dq), by_row in zip(self.pending, sums[:, lo:hi], strict=True):
+                dq += by_row.T @ at(table, group, 2)[lo:hi]
+                at(self.d_key, group, 2)[lo:hi] += by_row @ q
+        if "query_table" in self.tables:
+            index = self.groups[self.pending[0][0]]  # the heads are consecutive
+            out = self.by_key_row[index : index + heads]
+            for c0 in range(0, length, self.group_rows):
+                g = min(self.group_rows, length - c0)
+                # column y of rows c0 .. c0 + g - 1 is key c0 + y - (n - 1): keys 0 .. width - 1
+                y0, y1 = max(0, n - 1 - c0), min(n + g - 1, length - c0)
+                view = self._diagonal_view(0, c0, (g, y1), -1, heads)[..., y0:]
+                self.sums.add(view, first + c0, out[..., c0 + y0 - n + 1 : c0 + y1 - n + 1])
+        self.pending = []
 
     def gradients(self, scale: float) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
-        """The p2c term's share of dk (over the scores' batch) and the tables' gradients."""
-        out, dk = {}, None
+        """p2c's share of dk (over the scores' batch), and the tables' gradients."""
+        grads, dk = {}, None
         if "key_table" in self.tables:
-            out["key_table"] = self.d_key * scale
+            grads["key_table"] = self.d_key * scale
         if "query_table" in self.tables:
             table = self.tables["query_table"]
-            dk = np.matmul(self.dz, table) * scale
-            d_rows = np.matmul(np.swapaxes(self.dz, -1, -2), self.k)
-            out["query_table"] = sum_to(d_rows, table.shape) * scale
-        return dk, out
+            sums = self.by_key_row.reshape(*self.batch_shape, self.n_rows, self.call.t_k)
+            dk = np.matmul(np.swapaxes(sums, -1, -2), table) * scale
+            grads["query_table"] = sum_to(np.matmul(sums, self.k), table.shape) * scale
+        return dk, grads
 
 
 @_register("deberta")
