@@ -880,8 +880,9 @@ class _RowSums:
     for every ``u``, in whole rows of ``R`` entries: runs of `END_RUN` distances or
     more (the clipped ends) as one sum each; stretches of `SINGLE_ROWS` or more
     single distances on consecutive table rows (the exact distances) as one slice;
-    the other runs (DeBERTa's logarithmic buckets) `RUN_ROWS` distances at a time,
-    as the product of a 0/1 matrix (a run per row) with those rows of ``x``.
+    the other runs (DeBERTa's logarithmic buckets) about `RUN_ROWS` distances at a
+    time (the runs that start in one band of that many), as the product of a 0/1
+    matrix (a run per row) with those rows of ``x``.
     The plan for a window ``(w, length)`` is made once.
 
     With ``assign=True`` the sums replace rows ``lo .. hi - 1`` of `out` (`span`;
@@ -913,27 +914,24 @@ class _RowSums:
             steps.append(("rows", int(start[i]), int(start[i]) + count, int(rows[i])))
         for i in np.flatnonzero(size >= END_RUN):
             steps.append(("sum", int(start[i]), int(start[i] + size[i]), int(rows[i])))
-        # the other runs, a band of consecutive ones at a time, RUN_ROWS distances at most
-        other = ~sliced & (size < END_RUN)
-        i, runs = 0, size.size
-        while i < runs:
-            if not other[i]:
-                i += 1
-                continue
-            j = i + 1
-            while (j < runs and other[j] and start[j] == start[j - 1] + size[j - 1]
-                   and start[j] + size[j] - start[i] <= RUN_ROWS):
-                j += 1
-            u0, u1 = int(start[i]), int(start[j - 1] + size[j - 1])
-            ones = np.zeros((j - i, u1 - u0), dtype=dtype)
-            for m in range(i, j):
-                ones[m - i, start[m] - u0 : start[m] + size[m] - u0] = 1
-            steps.append(("runs", u0, u1, ones, rows[i:j]))
-            i = j
-        if rows.size:  # table rows between the first and the last that no run reaches
-            gaps = np.setdiff1d(np.arange(rows[0], rows[-1] + 1), rows)
-            if gaps.size:
-                steps.append(("gaps", gaps))
+        # the other runs, consecutive ones together: a band per RUN_ROWS distances of a
+        # stretch (by where each run starts), a 0/1 matrix of (runs, distances) each
+        other = np.flatnonzero(~sliced & (size < END_RUN))
+        if other.size:
+            fresh = np.concatenate(([True], np.diff(other) != 1))  # a stretch begins
+            stretch_of = np.cumsum(fresh) - 1
+            band = (start[other] - start[other[fresh]][stretch_of]) // RUN_ROWS
+            key = stretch_of * (length + 1) + band
+            cuts = np.flatnonzero(np.concatenate(([True], np.diff(key) != 0)))
+            for c0, c1 in zip(cuts, (*cuts[1:], other.size), strict=True):
+                band_runs = other[c0:c1]
+                u0 = int(start[band_runs[0]])
+                u1 = int(start[band_runs[-1]] + size[band_runs[-1]])
+                ones = np.zeros((c1 - c0, u1 - u0), dtype=dtype)
+                ones[np.repeat(np.arange(c1 - c0), size[band_runs]), np.arange(u1 - u0)] = 1
+                steps.append(("runs", u0, u1, ones, rows[band_runs]))
+        if rows.size and rows[-1] - rows[0] + 1 > rows.size:  # rows no run reaches
+            steps.append(("gaps", np.setdiff1d(np.arange(rows[0], rows[-1] + 1), rows)))
         return steps
 
     def span(self, w: int, length: int) -> tuple[int, int]:
