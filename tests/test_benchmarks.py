@@ -6,15 +6,23 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from relpos_ref import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_benchmark_suite_runs_and_writes_its_json(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def bench():
+    """benchmarks/run.py, loaded once as a module (it is a script, not a package)."""
     spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_suite_runs_and_writes_its_json(bench, tmp_path, capsys):
     code = bench.main(["--t", "64", "--heads", "2", "--d", "8", "--k-max", "4", "--repeat", "1",
                        "--t-definition", "32", "--t-blocked", "256", "--block-size", "64",
                        "--out", str(tmp_path)])
@@ -36,13 +44,8 @@ def test_benchmark_suite_runs_and_writes_its_json(tmp_path, capsys):
     assert "sdpa" not in report  # torch only
 
 
-def test_benchmark_suite_on_torch_compares_with_sdpa(tmp_path, capsys):
-    import pytest
-
+def test_benchmark_suite_on_torch_compares_with_sdpa(bench, tmp_path, capsys):
     pytest.importorskip("torch", reason="torch is not installed")
-    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     code = bench.main(["--backend", "torch", "--t", "64", "--heads", "2", "--d", "8",
                        "--k-max", "4", "--repeat", "1", "--t-definition", "32",
                        "--t-blocked", "0", "--out", str(tmp_path)])
@@ -57,12 +60,7 @@ def test_benchmark_suite_on_torch_compares_with_sdpa(tmp_path, capsys):
     assert not any(target["applies"] for target in report["targets"])
 
 
-def test_benchmark_suite_refuses_an_unknown_device(capsys):
-    import pytest
-
-    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_benchmark_suite_refuses_an_unknown_device(bench, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--device", "gpu7"])
     assert exc.value.code == 2
@@ -70,15 +68,10 @@ def test_benchmark_suite_refuses_an_unknown_device(capsys):
     assert "`device` must be one of ['cpu'] for backend 'numpy', got 'gpu7'" in err
 
 
-def test_benchmark_suite_distributed_section(tmp_path, capsys):
+def test_benchmark_suite_distributed_section(bench, tmp_path, capsys):
     """``--t-distributed`` on a LocalCluster at toy sizes: time, worker peaks, bound, rows."""
-    import pytest
-
     pytest.importorskip("dask.array", reason="dask[array] is not installed")
     pytest.importorskip("distributed", reason="dask.distributed is not installed")
-    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     code = bench.main(["--distributed-only", "--t-distributed", "512", "--chunk", "128",
                        "--block-size", "32", "--d", "8", "--k-max", "4", "--workers", "1",
                        "--worker-memory", "512MiB", "--out", str(tmp_path)])
@@ -97,12 +90,7 @@ def test_benchmark_suite_distributed_section(tmp_path, capsys):
     assert {t["target"].split()[0] for t in report["targets"]} == {"distributed"}
 
 
-def test_a_zero_length_skips_its_section_and_a_negative_one_is_refused(tmp_path, capsys):
-    import pytest
-
-    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_a_zero_length_skips_its_section_and_a_negative_one_is_refused(bench, tmp_path, capsys):
     code = bench.main(["--t", "32", "--heads", "1", "--d", "4", "--k-max", "2", "--repeat", "1",
                        "--t-definition", "0", "--t-blocked", "0", "--no-backward",
                        "--out", str(tmp_path)])
