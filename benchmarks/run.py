@@ -220,6 +220,57 @@ def sdpa_comparison(backend, q, k, v, bias_table, repeat: int) -> list[dict[str,
     return rows
 
 
+def flex_bias_mod(table: Any, k_max: int) -> Callable[..., Any]:
+    """FlexAttention's ``score_mod`` for the bias scheme's ``(h, 2K + 1)`` table.
+
+    ``score + table[h, clip(kv - q, -K, K) + K]``: the relative position is the
+    key's index minus the query's, clipped, added after the scale (as
+    `relpos_ref.bias_attention` does).
+    """
+    import torch
+
+    def score_mod(score, batch, head, q_idx, kv_idx):
+        return score + table[head, torch.clamp(kv_idx - q_idx, -k_max, k_max) + k_max]
+
+    return score_mod
+
+
+def flex_comparison(backend, q, k, v, bias_table, k_max: int, repeat: int,
+                    mode: str) -> dict[str, Any]:
+    """torch only: our bias attention against FlexAttention looking the bias up in the table.
+
+    `mode` "compiled" runs ``torch.compile(flex_attention)`` (its fused kernel;
+    compiled once, outside the timing), "eager" the unfused implementation that
+    materializes the scores (fast to start: the tests use it). The row holds
+    the largest difference of the two outputs, or the error where FlexAttention
+    is missing or fails (this torch, this device, this dtype).
+    """
+    import warnings
+
+    row: dict[str, Any] = {"case": f"bias (FlexAttention score_mod, {mode})", "mode": mode}
+    try:
+        import torch
+        from torch.nn.attention.flex_attention import flex_attention
+
+        score_mod = flex_bias_mod(bias_table, k_max)
+        attend = torch.compile(flex_attention) if mode == "compiled" else flex_attention
+
+        def theirs():
+            with warnings.catch_warnings():  # eager: "called without torch.compile()"
+                warnings.simplefilter("ignore", UserWarning)
+                return attend(q, k, v, score_mod=score_mod)
+
+        gap = float((theirs() - rp.bias_attention(q, k, v, bias_table)).abs().max())
+        mine, ref, ratio = _timed_against(backend, lambda: rp.bias_attention(q, k, v, bias_table),
+                                          theirs, repeat)
+    except Exception as exc:  # reported in the row: the suite goes on
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return row
+    row.update({"seconds": mine, "flex_seconds": ref, "ratio_to_flex": ratio,
+                "max_abs_difference": gap})
+    return row
+
+
 def _nonnegative(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -450,6 +501,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="glibc malloc settings of the workers: 'tuned' (default) or "
                              "Dask's own, 'dask' (see MALLOC in this file)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--flex", choices=["compiled", "eager", "off"], default="compiled",
+                        help="torch only: FlexAttention with the bias table as score_mod, "
+                             "beside SDPA (compiled: its fused kernel, about 30 s to compile "
+                             "on a CPU)")
     parser.add_argument("--no-backward", dest="backward", action="store_false",
                         help="skip the backward passes (issue 16: VJP <= 2.5x the forward)")
     args = parser.parse_args(argv)
@@ -518,6 +573,16 @@ def main(argv: list[str] | None = None) -> int:
         for row in results["sdpa"]:
             print(f"{row['case']:<28} {row['seconds'] * 1e3:9.1f} "
                   f"{row['sdpa_seconds'] * 1e3:9.1f} {row['ratio_to_sdpa']:9.2f}x")
+        if args.flex != "off":
+            flex = results["flex"] = flex_comparison(backend, q, k, v, bias_table, args.k_max,
+                                                     args.repeat, args.flex)
+            if "error" in flex:
+                print(f"FlexAttention ({args.flex}): not run, {flex['error']}")
+            else:
+                print(f"{'case':<28} {'ours ms':>9} {'Flex ms':>9} {'ours/Flex':>10}")
+                print(f"{flex['case'][:28]:<28} {flex['seconds'] * 1e3:9.1f} "
+                      f"{flex['flex_seconds'] * 1e3:9.1f} {flex['ratio_to_flex']:9.2f}x"
+                      f"  (outputs differ by at most {flex['max_abs_difference']:.1e})")
 
     td = args.t_definition
     small = {}

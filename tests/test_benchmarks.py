@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from relpos_ref import catalog
+import relpos_ref as rp
+from relpos_ref import backends, catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,9 +47,10 @@ def test_benchmark_suite_runs_and_writes_its_json(bench, tmp_path, capsys):
 
 def test_benchmark_suite_on_torch_compares_with_sdpa(bench, tmp_path, capsys):
     pytest.importorskip("torch", reason="torch is not installed")
+    # FlexAttention eager (its unfused path, quick to start; the suite compiles by default)
     code = bench.main(["--backend", "torch", "--t", "64", "--heads", "2", "--d", "8",
                        "--k-max", "4", "--repeat", "1", "--t-definition", "32",
-                       "--t-blocked", "0", "--out", str(tmp_path)])
+                       "--t-blocked", "0", "--flex", "eager", "--out", str(tmp_path)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "scaled_dot_product_attention" in printed and "for reference only" in printed
@@ -58,6 +60,58 @@ def test_benchmark_suite_on_torch_compares_with_sdpa(bench, tmp_path, capsys):
     assert set(cases) == {"plain", "bias (additive attn_mask)"}
     assert all(row["seconds"] > 0 and row["ratio_to_sdpa"] > 0 for row in cases.values())
     assert not any(target["applies"] for target in report["targets"])
+    flex = report["flex"]
+    assert "error" not in flex, flex
+    assert flex["case"] == "bias (FlexAttention score_mod, eager)" and "ours/Flex" in printed
+    assert flex["seconds"] > 0 and flex["flex_seconds"] > 0 and flex["ratio_to_flex"] > 0
+    assert flex["max_abs_difference"] < 1e-5  # the same bias, looked up the same way
+
+
+def test_flex_score_mod_reads_the_bias_table_as_bias_attention_does(bench):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 3, n, 8, generator=gen, dtype=torch.float64) for n in (5, 9, 9))
+    table = torch.randn(3, 2 * 2 + 1, generator=gen, dtype=torch.float64)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # eager FlexAttention
+        got = flex.flex_attention(q, k, v, score_mod=bench.flex_bias_mod(table, 2))
+    want = rp.bias_attention(q, k, v, table)
+    assert torch.allclose(got, want, atol=1e-12)
+    # a table reversed is another bias: the comparison would see it
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        wrong = flex.flex_attention(q, k, v, score_mod=bench.flex_bias_mod(table.flip(-1), 2))
+    assert not torch.allclose(wrong, want, atol=1e-6)
+
+
+def test_flex_off_and_a_failing_flex_are_reported_not_raised(bench, tmp_path, capsys):
+    pytest.importorskip("torch", reason="torch is not installed")
+    args = ["--backend", "torch", "--t", "32", "--heads", "1", "--d", "4", "--k-max", "2",
+            "--repeat", "1", "--t-definition", "0", "--t-blocked", "0", "--no-backward"]
+    assert bench.main([*args, "--flex", "off", "--out", str(tmp_path / "off")]) == 0
+    (path,) = (tmp_path / "off").glob("*.json")
+    assert "flex" not in json.loads(path.read_text())
+    capsys.readouterr()
+    # a table one head short: FlexAttention fails inside; the row says why, the suite goes on
+    row = bench.flex_comparison(backends.get("torch"), *(_torch_inputs(2, 16, 4)),
+                                _torch_table(1, 5), 2, 1, "eager")
+    assert row["error"].startswith(("IndexError", "RuntimeError")), row
+
+
+def _torch_inputs(heads, t, d):
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(1, heads, t, d, generator=gen) for _ in range(3))
+
+
+def _torch_table(heads, rows):
+    import torch
+
+    return torch.randn(heads, rows, generator=torch.Generator().manual_seed(1))
 
 
 def test_benchmark_suite_refuses_an_unknown_device(bench, capsys):
