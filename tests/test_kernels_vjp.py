@@ -218,7 +218,7 @@ def _spec(scheme, args, kwargs):
 @given(data=st.data(), block=st.sampled_from([64, 700, 2**21]),
        group=st.sampled_from([1, 3, 64]), sub=st.sampled_from([1, 2, 32]),
        run=st.sampled_from([1, 2, 16]), runs=st.sampled_from([1, 5, 64]),
-       single=st.sampled_from([1, 4]), heads=st.sampled_from([1, 2**24]),
+       single=st.sampled_from([1, 4]), heads=st.sampled_from([1, 45_000, 2**24]),
        limit=st.sampled_from([None, {}]))
 def test_vjp_kernel_equals_the_specification(scheme, data, block, group, sub, run, runs, single,
                                               heads, limit):
@@ -315,7 +315,8 @@ def test_vjp_kernel_covers_long_causal_calls_block_by_block(scheme):
 @pytest.mark.parametrize("constants", [
     {},  # the defaults: every head in one pass, groups of 64 distances
     {"GROUP_ROWS": 5, "RUN_ROWS": 3, "SINGLE_ROWS": 2, "END_RUN": 4, "DIAGONAL_BYTES": 1},
-    {"GROUP_ROWS": 1, "RUN_ROWS": 64, "DIAGONAL_BYTES": 30_000},  # heads two or three a pass
+    {"GROUP_ROWS": 1, "RUN_ROWS": 64, "DIAGONAL_BYTES": 30_000},  # two heads a pass
+    {"DIAGONAL_BYTES": 45_000},  # four heads, then the last two when the block finishes
 ])
 def test_deberta_vjp_kernel_sums_log_buckets_by_table_row(max_position, causal, constants):
     # every kind of run at once: exact distances, logarithmic buckets (P = 12 and 17 skip
@@ -337,6 +338,19 @@ def test_deberta_vjp_kernel_sums_log_buckets_by_table_row(max_position, causal, 
             for patch in patches:
                 patch.stop()
     _assert_gradients_equal(got, _spec("deberta", (q, k, v, key_table, query_table), kwargs))
+
+
+@pytest.mark.parametrize("scheme", COVERED)
+def test_vjp_kernel_returns_zeros_for_an_empty_batch(scheme):
+    # a batch axis of length 0 (no head runs a block): zeros of every argument's shape
+    args, kwargs = _typical(scheme, np.float64)
+    q, k, v, *tables = args
+    args = (q[None][:0], k[None][:0], v[None][:0], *tables)
+    kwargs["d_output"] = kwargs["d_output"][None][:0]
+    got = VJP_KERNELS[scheme](*args, **kwargs)
+    want = _spec(scheme, args, kwargs)
+    _assert_gradients_equal(got, want)
+    assert all(not g.any() for g in got.values())
 
 
 @pytest.mark.parametrize("scheme", COVERED)

@@ -18,7 +18,8 @@ core's own cache (`VJP_BLOCK_BYTES`),
     \bar{l} = e \odot (g - \operatorname{rowsum}(e \odot g) / T), \qquad
     \bar{q}_B = s\,\bar{l}\, k, \qquad \bar{k} \mathrel{+}= \bar{l}^\top (s\,q_B),
 
-in place (the weights become :math:`\bar{l}`). The weights are never
+in place (the weights become :math:`\bar{l}`, or it goes to an array of the
+term's own, `Term.logits_view`). The weights are never
 divided by their row sums ``T``: ``w = e / T`` enters every product through
 the block's ``B x d_v`` rows of :math:`\bar{o}` divided by ``T`` instead,
 which saves a pass over the block. Nor is the row maximum subtracted before

@@ -31,6 +31,7 @@ row and column tables through their 2-D offsets.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -989,7 +990,7 @@ class _DebertaTables(Term):
     column, and its rows summed by table row are p2c's sums for those keys.
     The copies of up to `DIAGONAL_BYTES` worth of a block's heads are summed
     together. The transposed copy is the one pass p2c cannot do without (the
-    tile's width is kept odd for it); with the sums along whole rows, every
+    tile's width is odd for it); with the sums along whole rows, every
     other pass reads contiguous rows, and the logarithmic buckets' short runs
     are small GEMMs with 0/1 matrices.
     """
@@ -1011,10 +1012,10 @@ class _DebertaTables(Term):
         scale = q.dtype.type(call.scale)
         if key_table is not None:  # (..., t_q * 2S), as the forward kernel's
             by_query = np.matmul(q * scale, np.swapaxes(key_table, -1, -2))
-            self.by_query = by_query.reshape(*by_query.shape[:-2], -1)
+            self.by_query = by_query.reshape(*by_query.shape[:-2], call.t_q * self.n_rows)
         if query_table is not None:  # (..., 2S * t_k)
             by_key = np.matmul(query_table, np.swapaxes(k * scale, -1, -2))
-            self.by_key = by_key.reshape(*by_key.shape[:-2], -1)
+            self.by_key = by_key.reshape(*by_key.shape[:-2], self.n_rows * call.t_k)
             self.row_starts = self.row_of * call.t_k
         self.buffers: dict[str, dict[str, np.ndarray]] = {}
         self.block: tuple[int, int, int] | None = None
@@ -1058,19 +1059,20 @@ class _DebertaTables(Term):
             return
         self.geometry = (n, width)
         self.values = self._buffer("values", (n, width))
-        # the block skewed (column c: distance index first + c), a zero column after, and
-        # one more where that makes the width even: NumPy's transposed copy reads the
-        # tile a column at a time, and rows of 2^k bytes apart share cache sets (an
-        # even width, 1280 columns, ran 1.6 to 1.8 times slower than 1279 or 1281)
-        rows = length + 1 + (length + 1) % 2
+        # the block skewed (column c: distance index first + c), one zero column more
+        # where the width would be even: NumPy's transposed copy reads the tile a column
+        # at a time, and rows 2^k bytes apart share cache sets (an even width, 1280
+        # columns, ran 1.6 to 1.8 times slower than 1279 or 1281)
+        rows = length + 1 - length % 2
         self.tile = self._buffer("tile", (n, rows))
         self.tile.fill(0)
         if n == self.layout:
             return
-        # per head: G - 1 zeros, then rows of n entries and G - 1 zeros each (as many as
-        # the widest block's tile has columns), and G zeros (G = GROUP_ROWS): its
-        # diagonal-major copy, and what p2c's views read beyond it; laid out once per
-        # block height (a causal call's blocks widen, its copies' rows stay put)
+        # per head (G = GROUP_ROWS): rows of n entries and G - 1 zeros each (p2c's views
+        # read a row's zeros where they run past its entries), as many as the widest
+        # block's tile has columns, with G - 1 zeros before them and G after (slack no
+        # view reads); laid out once per block height (a causal call's blocks widen,
+        # its copies' rows stay put)
         self.layout, group_rows, slot = n, GROUP_ROWS, self.call.t_k + n + 1
         self.head_size = group_rows - 1 + slot * (n + group_rows - 1) + group_rows
         heads = min(len(self.groups),
@@ -1189,11 +1191,11 @@ def deberta_attention_vjp(
         return NotImplemented
     tables = {name: t for name, t in (("key_table", key_table), ("query_table", query_table))
               if t is not None}
-    if not tables or call.t_q == 0 or call.t_k == 0:
-        core = backward(q, k, v, d_output, call, mask=mask)
-        return _grads(q, k, v, core, **{name: np.zeros_like(t) for name, t in tables.items()})
-    term = _DebertaTables(q, k, key_table, query_table, call, max_position)
+    term = (_DebertaTables(q, k, key_table, query_table, call, max_position)
+            if tables and call.t_q and call.t_k else None)
     core = backward(q, k, v, d_output, call, mask=mask, term=term)
+    if term is None or math.prod(core.batch) == 0:  # no block ran: no term's gradient
+        return _grads(q, k, v, core, **{name: np.zeros_like(t) for name, t in tables.items()})
     dk, grads = term.gradients(call.scale)
     return {"q": sum_to(core.dq, q.shape),
             "k": sum_to(core.dk if dk is None else core.dk + dk, k.shape),

@@ -257,7 +257,8 @@ def _by_offset(x: Any, coordinate: Any, size: int, sum_axis: int) -> Any:
     # (..., hw, hw) per key token -> (..., hw, 2 size - 1) per offset of one coordinate:
     # summed over the other coordinate of the key, then read at the query's own + offset.
     xp = _xp.array_namespace(x)
-    shape = (size, -1) if sum_axis == -1 else (-1, size)  # key rows, or key columns
+    other = x.shape[-1] // size  # not -1: an empty batch leaves -1 undetermined
+    shape = (size, other) if sum_axis == -1 else (other, size)  # key rows, or key columns
     per_key = xp.sum(xp.reshape(x, (*x.shape[:-1], *shape)), axis=sum_axis)
     offsets = xp.arange(2 * size - 1, dtype=coordinate.dtype, device=_xp.device(coordinate))
     key = coordinate[:, None] + offsets[None, :] - (size - 1)
