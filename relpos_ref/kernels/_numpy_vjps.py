@@ -1070,14 +1070,14 @@ class _DebertaTables(Term):
             return
         # per head (G = GROUP_ROWS): rows of n entries and G - 1 zeros each (p2c's views
         # read a row's zeros where they run past its entries), as many as the widest
-        # block's tile has columns, with G - 1 zeros before them and G after (slack no
-        # view reads); laid out once per block height (a causal call's blocks widen,
-        # its copies' rows stay put)
-        self.layout, group_rows, slot = n, GROUP_ROWS, self.call.t_k + n + 1
-        self.head_size = group_rows - 1 + slot * (n + group_rows - 1) + group_rows
+        # block's tile has columns; laid out once per block height (a causal call's
+        # blocks widen, its copies' rows stay put)
+        self.layout, self.group_rows, slot = n, GROUP_ROWS, self.call.t_k + n + 1
+        self.line = n + self.group_rows - 1
+        self.head_size = slot * self.line
         heads = min(len(self.groups),
                     max(1, DIAGONAL_BYTES // (self.head_size * self.dtype.itemsize)))
-        self.capacity, self.group_rows = heads, group_rows
+        self.capacity = heads
         self.diagonals = self._zero_padded(heads, slot, n)
         if "key_table" in self.tables:  # c2p's sums, by head, table row and query
             self.by_query_row = self._buffer("by query row", (heads, self.n_rows, n))
@@ -1090,26 +1090,20 @@ class _DebertaTables(Term):
         if buffer is None or buffer.size < size:
             buffer = store["buffer"] = np.zeros(size, dtype=self.dtype)
             return buffer
-        buffer = buffer[:size]
-        step, pad, line = buffer.itemsize, self.group_rows - 1, n + self.group_rows - 1
-        strided = np.lib.stride_tricks.as_strided
-        head = (self.head_size * step,)
-        strided(buffer, (heads, pad), (*head, step)).fill(0)
-        strided(buffer[pad + n :], (heads, rows, pad), (*head, line * step, step)).fill(0)
-        strided(buffer[pad + rows * line :], (heads, pad + 1), (*head, step)).fill(0)
+        buffer, step = buffer[:size], buffer.itemsize
+        np.lib.stride_tricks.as_strided(
+            buffer[n:], (heads, rows, self.group_rows - 1),
+            (self.head_size * step, self.line * step, step)).fill(0)
         return buffer
 
     def _diagonal_view(self, head: int, row: int, shape: tuple[int, int], shift: int,
                        heads: int = 1) -> Any:
         # rows `row ..` of the diagonal-major copies of heads `head .. head + heads - 1`,
         # each row starting `shift` entries further than a plain row (-1: p2c's view)
-        n, _ = self.geometry
         step = self.diagonals.itemsize
-        line = n + self.group_rows - 1
-        offset = head * self.head_size + self.group_rows - 1 + row * line
         return np.lib.stride_tricks.as_strided(
-            self.diagonals[offset:], shape=(heads, *shape),
-            strides=(self.head_size * step, (line + shift) * step, step))
+            self.diagonals[head * self.head_size + row * self.line :], shape=(heads, *shape),
+            strides=(self.head_size * step, (self.line + shift) * step, step))
 
     def position(self, block: Block, scores: np.ndarray) -> None:
         self._block(block)
