@@ -340,6 +340,31 @@ def test_deberta_vjp_kernel_sums_log_buckets_by_table_row(max_position, causal, 
     _assert_gradients_equal(got, _spec("deberta", (q, k, v, key_table, query_table), kwargs))
 
 
+def test_deberta_row_sums_are_kept_across_calls_and_follow_the_constants():
+    # the table rows and the sums' plans are made once per geometry; a plan made under
+    # other constants (patched here) is not reused, so every patched test runs its own
+    rng = np.random.default_rng(3)
+    q, k, v, d_output = rng.standard_normal((4, 2, 30, 4))
+    key_table, query_table = rng.standard_normal((2, 24, 4))
+    args = (q, k, v, key_table, query_table)
+    kwargs = {"d_output": d_output, "max_position": 20}
+    _numpy_vjps._deberta_row_sums.cache_clear()
+    first = VJP_KERNELS["deberta"](*args, **kwargs)
+    sums = _numpy_vjps._deberta_row_sums(12, 20, -29, 59)
+    assert _numpy_vjps._deberta_row_sums.cache_info().hits >= 1  # the kernel's own entry
+    assert not sums.row_of.flags.writeable
+    assert all(key[3:] == (_numpy_vjps.END_RUN, _numpy_vjps.SINGLE_ROWS,
+                           _numpy_vjps.RUN_ROWS) for key in sums.plans)
+    made = len(sums.plans)
+    assert made and VJP_KERNELS["deberta"](*args, **kwargs) and len(sums.plans) == made
+    with mock.patch.object(_numpy_vjps, "END_RUN", 3), \
+            mock.patch.object(_numpy_vjps, "RUN_ROWS", 2):
+        patched = VJP_KERNELS["deberta"](*args, **kwargs)
+    assert any(key[3] == 3 and key[5] == 2 for key in sums.plans)
+    _assert_gradients_equal(patched, first)
+    _assert_gradients_equal(first, _spec("deberta", args, kwargs))
+
+
 @pytest.mark.parametrize("scheme", COVERED)
 def test_vjp_kernel_returns_zeros_for_an_empty_batch(scheme):
     # a batch axis of length 0 (no head runs a block): zeros of every argument's shape

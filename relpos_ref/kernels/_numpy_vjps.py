@@ -31,6 +31,7 @@ row and column tables through their 2-D offsets.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -895,33 +896,34 @@ class _RowSums:
         starts = np.flatnonzero(np.concatenate(([True], row_of[1:] != row_of[:-1])))
         self.row_of = row_of
         self.starts, self.ends = starts, np.append(starts[1:], row_of.size)
-        self.plans: dict[tuple[int, int, Any], list[tuple[Any, ...]]] = {}
+        self.plans: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
 
-    def _plan(self, w: int, length: int, dtype: Any) -> list[tuple[Any, ...]]:
+    def _plan(self, w: int, length: int, dtype: Any, end_run: int, single_rows: int,
+              run_rows: int) -> list[tuple[Any, ...]]:
         k0 = int(np.searchsorted(self.ends, w, side="right"))
         k1 = int(np.searchsorted(self.starts, w + length, side="left"))
         start = np.maximum(self.starts[k0:k1], w) - w
         size = np.minimum(self.ends[k0:k1], w + length) - w - start
         rows = self.row_of[w + start]
         # stretches of single distances on consecutive table rows
-        single = (size == 1) & (size < END_RUN)
+        single = (size == 1) & (size < end_run)
         follows = np.concatenate(([False], single[:-1] & (np.diff(rows) == 1))) & single
         stretch = np.cumsum(single & ~follows)
         counts = np.bincount(stretch[single], minlength=int(stretch[-1]) + 1)
-        sliced = single & (counts[stretch] >= SINGLE_ROWS)
+        sliced = single & (counts[stretch] >= single_rows)
         steps: list[tuple[Any, ...]] = []
         for i in np.flatnonzero(sliced & ~follows):
             count = int(counts[stretch[i]])
             steps.append(("rows", int(start[i]), int(start[i]) + count, int(rows[i])))
-        for i in np.flatnonzero(size >= END_RUN):
+        for i in np.flatnonzero(size >= end_run):
             steps.append(("sum", int(start[i]), int(start[i] + size[i]), int(rows[i])))
-        # the other runs, consecutive ones together: a band per RUN_ROWS distances of a
+        # the other runs, consecutive ones together: a band per run_rows distances of a
         # stretch (by where each run starts), a 0/1 matrix of (runs, distances) each
-        other = np.flatnonzero(~sliced & (size < END_RUN))
+        other = np.flatnonzero(~sliced & (size < end_run))
         if other.size:
             fresh = np.concatenate(([True], np.diff(other) != 1))  # a stretch begins
             stretch_of = np.cumsum(fresh) - 1
-            band = (start[other] - start[other[fresh]][stretch_of]) // RUN_ROWS
+            band = (start[other] - start[other[fresh]][stretch_of]) // run_rows
             key = stretch_of * (length + 1) + band
             cuts = np.flatnonzero(np.concatenate(([True], np.diff(key) != 0)))
             for c0, c1 in zip(cuts, (*cuts[1:], other.size), strict=True):
@@ -930,6 +932,7 @@ class _RowSums:
                 u1 = int(start[band_runs[-1]] + size[band_runs[-1]])
                 ones = np.zeros((c1 - c0, u1 - u0), dtype=dtype)
                 ones[np.repeat(np.arange(c1 - c0), size[band_runs]), np.arange(u1 - u0)] = 1
+                ones.flags.writeable = False  # kept across calls (`_deberta_row_sums`)
                 steps.append(("runs", u0, u1, ones, rows[band_runs]))
         if rows.size and rows[-1] - rows[0] + 1 > rows.size:  # rows no run reaches
             steps.append(("gaps", np.setdiff1d(np.arange(rows[0], rows[-1] + 1), rows)))
@@ -944,7 +947,9 @@ class _RowSums:
 
         With `assign`, ``=`` instead of ``+=`` for rows ``lo .. hi - 1`` (`span`).
         """
-        key = (w, x.shape[-2], x.dtype)
+        # the constants too: a plan made under other ones (the tests patch them) is not
+        # this one
+        key = (w, x.shape[-2], x.dtype, END_RUN, SINGLE_ROWS, RUN_ROWS)
         plan = self.plans.get(key)
         if plan is None:
             plan = self.plans[key] = self._plan(*key)
@@ -955,20 +960,42 @@ class _RowSums:
                 continue
             if step[0] == "rows":
                 _, u0, u1, m = step
-                rows: Any = slice(m, m + u1 - u0)
-                sums = x[..., u0:u1, :]
-            elif step[0] == "sum":
+                if assign:
+                    out[..., m : m + u1 - u0, :] = x[..., u0:u1, :]
+                else:
+                    out[..., m : m + u1 - u0, :] += x[..., u0:u1, :]
+                continue
+            if step[0] == "sum":
                 _, u0, u1, m = step
-                rows, sums = m, x[..., u0:u1, :].sum(axis=-2)
+                rows: Any = m
+                # assigned: the sum straight into `out`
+                target = out[..., m, :] if assign else None
+                sums = x[..., u0:u1, :].sum(axis=-2, out=target)
             else:
                 _, u0, u1, ones, rows = step
-                sums = np.matmul(ones, x[..., u0:u1, :])
+                target = None
                 if rows[-1] - rows[0] == rows.size - 1:  # consecutive table rows
                     rows = slice(int(rows[0]), int(rows[-1]) + 1)
-            if assign:
-                out[..., rows, :] = sums
-            else:
+                    target = out[..., rows, :] if assign else None
+                sums = np.matmul(ones, x[..., u0:u1, :], out=target)
+            if not assign:
                 out[..., rows, :] += sums
+            elif target is None:
+                out[..., rows, :] = sums
+
+
+@functools.lru_cache(maxsize=16)
+def _deberta_row_sums(span: int, max_position: int | None, r_min: int, n: int) -> _RowSums:
+    # DeBERTa's table row per distance r_min .. r_min + n - 1, with its sums' plans: made
+    # once per geometry and kept across calls (a plan per window cost 2 to 4 ms a call at
+    # t = 1024, 2 % of the backward pass). Read-only; a plan added twice by two threads at
+    # once is the same plan.
+    import array_api_compat.numpy as xp
+
+    row_of = np.asarray(deberta.deberta_rows(xp.asarray(np.arange(r_min, r_min + n)),
+                                             span=span, max_position=max_position))
+    row_of.flags.writeable = False
+    return _RowSums(row_of)
 
 
 class _DebertaTables(Term):
@@ -986,7 +1013,7 @@ class _DebertaTables(Term):
     :math:`\\bar{l}`). Summing whole rows by table row (`_RowSums`) gives c2p's
     sums for every query at once; p2c reads the same copy key by key: over a
     group of `GROUP_ROWS` rows, a view whose row ``c`` starts ``c`` entries
-    earlier (every row padded with ``GROUP_ROWS - 1`` zeros) has one key per
+    earlier (every row padded with at least ``GROUP_ROWS`` zeros) has one key per
     column, and its rows summed by table row are p2c's sums for those keys.
     The copies of up to `DIAGONAL_BYTES` worth of a block's heads are summed
     together. The transposed copy is the one pass p2c cannot do without (the
@@ -996,17 +1023,14 @@ class _DebertaTables(Term):
     """
 
     def __init__(self, q, k, key_table, query_table, call: Call, max_position) -> None:
-        import array_api_compat.numpy as xp
-
         self.q, self.k, self.call = q, k, call
         self.tables = {name: t for name, t in (("key_table", key_table),
                                                ("query_table", query_table)) if t is not None}
         span = next(iter(self.tables.values())).shape[-2] // 2
         self.n_rows = 2 * span
-        r_min, n = _distances(call)
-        self.row_of = np.asarray(deberta.deberta_rows(xp.asarray(np.arange(r_min, r_min + n)),
-                                                      span=span, max_position=max_position))
-        self.sums = _RowSums(self.row_of)
+        self.sums = _deberta_row_sums(
+            span, None if max_position is None else int(max_position), *_distances(call))
+        self.row_of = self.sums.row_of
         self.batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2],
                                          *(t.shape[:-2] for t in self.tables.values()))
         scale = q.dtype.type(call.scale)
@@ -1068,12 +1092,15 @@ class _DebertaTables(Term):
         self.tile.fill(0)
         if n == self.layout:
             return
-        # per head (G = GROUP_ROWS): rows of n entries and G - 1 zeros each (p2c's views
-        # read a row's zeros where they run past its entries), as many as the widest
-        # block's tile has columns; laid out once per block height (a causal call's
-        # blocks widen, its copies' rows stay put)
+        # per head (G = GROUP_ROWS): rows of n entries and at least G zeros each (p2c's
+        # views read a row's zeros where they run past its entries; with G - 1 of them a
+        # view's rows, G - 1 + n entries each, would overlap, and NumPy's matmul then
+        # leaves BLAS for its own loop, 1.4 times slower), an odd number of entries in
+        # all (the transposed copies write rows 2^k bytes apart otherwise), as many
+        # rows as the widest block's tile has columns; laid out once per block height
+        # (a causal call's blocks widen, its copies' rows stay put)
         self.layout, self.group_rows, slot = n, GROUP_ROWS, self.call.t_k + n + 1
-        self.line = n + self.group_rows - 1
+        self.line = n + self.group_rows + 1 - (n + self.group_rows) % 2
         self.head_size = slot * self.line
         heads = min(len(self.groups),
                     max(1, DIAGONAL_BYTES // (self.head_size * self.dtype.itemsize)))
@@ -1092,7 +1119,7 @@ class _DebertaTables(Term):
             return buffer
         buffer, step = buffer[:size], buffer.itemsize
         np.lib.stride_tricks.as_strided(
-            buffer[n:], (heads, rows, self.group_rows - 1),
+            buffer[n:], (heads, rows, self.line - n),
             (self.head_size * step, self.line * step, step)).fill(0)
         return buffer
 
