@@ -69,7 +69,7 @@ __all__ = [
 ENV_VAR = "RELPOS_KERNELS"
 
 #: Array library (the top-level module of its array type) -> its kernels module here.
-LIBRARIES: Mapping[str, str] = {"numpy": "numpy"}
+LIBRARIES: Mapping[str, str] = {"numpy": "numpy", "torch": "torch"}
 
 _DISABLED: contextvars.ContextVar[int] = contextvars.ContextVar("relpos_kernels_off", default=0)
 

@@ -1,0 +1,207 @@
+"""torch kernels: each scheme's attention through ``scaled_dot_product_attention``.
+
+The specification on torch makes one pass through memory per operation over
+``(..., t_q, t_k)`` arrays (the logits, their maximum, the exponential, the
+sums, the weights), each a new tensor. The kernels here hand the softmax and
+the weighted sum to `torch.nn.functional.scaled_dot_product_attention` (SDPA),
+which runs them fused on every device torch has (a flash or memory-efficient
+kernel on CUDA, a blocked loop on the CPU):
+
+.. math::
+    \\text{out} = \\operatorname{SDPA}\\bigl(q, k, v,\\ \\text{attn\\_mask} =
+    s\\,P + B \\text{ where allowed}, -\\infty \\text{ elsewhere},\\ \\text{scale} = s\\bigr)
+
+with the scheme's terms ``P`` (scaled with ``q k^T``) and ``B`` (after the
+scale) computed by the specification itself: the catalog's ``terms`` of the
+whole grid (`relpos_ref.catalog.Scheme`), RoPE's rotation (``rotate``), and
+the call validated by the scheme's own checks (``check``), so bad input gets
+the specification's message. No scheme knowledge is written here twice.
+Plain attention with no mask and no term, or a causal one with
+``q_offset = 0``, passes no ``attn_mask`` at all (``is_causal``: SDPA's fastest
+kernels).
+
+Every kernel returns ``NotImplemented`` (the specification runs) for what it
+does not cover:
+
+- ``return_weights=True`` (SDPA does not return them), a relative-value table
+  (Shaw's and Music's ``value_table``: a term of the output, from the
+  weights), ``method="definition"``;
+- any non-finite value in ``q``, ``k``, ``v``, a table or a given term (the
+  specification keeps a masked pair's NaN out of the output; an additive
+  mask cannot: ``NaN - inf`` is NaN);
+- an empty grid or feature axis, arrays of several devices or libraries, and
+  calls under ``torch.compile`` or a ``torch.func`` transform (the finiteness
+  check reads a value back; the specification traces as it is).
+
+A row with no allowed key gets zeros, as in the specification: SDPA sees that
+row with every key allowed (no NaN, in the output or in a gradient through
+it), and its output is replaced by zeros. 16-bit calls run in float32 and
+return their dtype (`relpos_ref.calls.computes_in_float32`), as every kernel
+does. Gradients flow through SDPA's own backward pass (torch autograd);
+there are no ``VJP_KERNELS`` here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn.functional import scaled_dot_product_attention
+
+from .. import catalog
+from .._adapters import Terms
+from .._validate import check_bool
+from ..attention import allowed_keys
+from ..calls import Call, check_terms, computes_in_float32
+
+__all__ = ["KERNELS"]
+
+#: Scheme name (as in `relpos_ref.catalog`) -> its torch kernel.
+KERNELS: dict[str, Callable[..., Any]] = {}
+
+def _tensors(*arrays: Any) -> bool:
+    return all(a is None or isinstance(a, torch.Tensor) for a in arrays)
+
+
+def _traced(*arrays: Any) -> bool:
+    # under torch.compile, or a tensor wrapped by a torch.func transform (vmap, grad)
+    if torch.compiler.is_compiling():
+        return True
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    return any(a is not None and wrapped(a) for a in arrays)
+
+
+def _finite(arrays: list[Any]) -> bool:
+    # one read back for all of them
+    checks = [torch.isfinite(a).all() for a in arrays if a is not None and a.numel()]
+    return not checks or bool(torch.stack(checks).all())
+
+
+def _one_device(arrays: list[Any]) -> bool:
+    return len({a.device for a in arrays if a is not None}) <= 1
+
+
+def sdpa_terms(
+    q: Any, k: Any, v: Any, call: Call, *, terms: Terms, mask: Any = None
+) -> Any:
+    r"""Attention of a validated call with its terms, through SDPA.
+
+    .. math:: \operatorname{softmax}_{\text{allowed}}(s\,(q k^\top + P) + B)\, v
+
+    Parameters
+    ----------
+    q, k, v : tensors ``(..., t_q, d)``, ``(..., t_k, d)``, ``(..., t_k, d_v)``
+        Finite, of one floating dtype and device (the kernels checked);
+        ``t_q, t_k, d >= 1``.
+    call : Call
+        The validated call (scale, causal, q_offset).
+    terms : Terms
+        ``position`` ``P`` and ``bias`` ``B``, each ``None`` or broadcastable
+        to ``(..., t_q, t_k)``, finite.
+    mask : bool tensor, optional
+        Broadcastable to ``(..., t_q, t_k)``.
+
+    Returns
+    -------
+    out : tensor ``(*batch, t_q, d_v)``
+        ``batch`` broadcast from ``q, k, v``, the terms and the mask. Rows
+        with no allowed key are zero.
+
+    Examples
+    --------
+    >>> import relpos_ref as rp
+    >>> from relpos_ref.calls import resolve_call
+    >>> q = k = v = torch.eye(3, dtype=torch.float64)
+    >>> call = resolve_call(q, k, v, causal=True)
+    >>> out = sdpa_terms(q, k, v, call, terms=Terms())
+    >>> with rp.kernels.disabled():
+    ...     bool(torch.allclose(out, rp.attention(q, k, v, causal=True)))
+    True
+    """
+    position, bias = terms
+    allowed = allowed_keys(call.t_q, call.t_k, mask=mask, causal=call.causal,
+                           q_offset=call.q_offset, xp=call.xp, device=q.device)
+    shapes = [q.shape[:-2], k.shape[:-2], v.shape[:-2],
+              *(t.shape[:-2] for t in (position, bias, allowed) if t is not None)]
+    batch = torch.broadcast_shapes(*shapes)
+    q, k, v = (x.expand(*batch, *x.shape[-2:]) for x in (q, k, v))
+    attn_mask, is_causal, empty = None, False, None
+    if position is None and bias is None and allowed is not None and mask is None \
+            and call.q_offset == 0:
+        is_causal = True  # keys j <= i: SDPA's own causal structure, no row empty
+    elif position is not None or bias is not None or allowed is not None:
+        term = (None if position is None else position * call.scale)
+        if bias is not None:
+            term = bias if term is None else term + bias
+        if allowed is not None:
+            # a row with no allowed key sees every key here (finite weights, finite
+            # gradients), and gets zeros below
+            empty = ~torch.any(allowed, dim=-1, keepdim=True)
+            allowed = allowed | empty
+            zero = torch.zeros((), dtype=q.dtype, device=q.device)
+            term = torch.where(allowed, zero if term is None else term,
+                               torch.tensor(-math.inf, dtype=q.dtype, device=q.device))
+        attn_mask = term.to(q.dtype).expand(*batch, call.t_q, call.t_k)
+    if not batch:  # SDPA wants a batch axis
+        q, k, v = q[None], k[None], v[None]
+        attn_mask = None if attn_mask is None else attn_mask[None]
+    out = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                       scale=call.scale)
+    if not batch:
+        out = out[0]
+    if empty is not None:
+        out = torch.where(empty, torch.zeros((), dtype=out.dtype, device=out.device), out)
+    return out
+
+
+def _kernel(name: str) -> Callable[..., Any]:
+    entry = catalog.get(name)
+    signature = inspect.signature(entry.attention)
+    value_tables = {t.name for t in entry.tables if t.width == "d_v"}
+    option_names = [o.name for o in entry.options]
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return NotImplemented  # the specification says what is wrong
+        given = bound.arguments
+        q, k, v = given["q"], given["k"], given["v"]
+        tables = {t.name: given.get(t.name) for t in entry.tables}
+        mask, position, bias = given.get("mask"), given.get("position"), given.get("bias")
+        arrays = [q, k, v, *tables.values(), mask, position, bias]
+        if not _tensors(*arrays) or _traced(*arrays) or not _one_device(arrays):
+            return NotImplemented
+        named = {n: t for n, t in tables.items() if t is not None}
+        call, options = entry.check_call(
+            q, k, v, named, scale=given.get("scale"), mask=mask, causal=given.get("causal"),
+            q_offset=given.get("q_offset"),
+            options={n: given[n] for n in option_names if n in given})
+        if name == "plain":
+            check_terms(q, call, bias=bias, position=position)
+        if (check_bool("return_weights", given.get("return_weights", False))
+                or given.get("method", "efficient") != "efficient"
+                or value_tables & set(named)
+                or 0 in (call.t_q, call.t_k, q.shape[-1])
+                or not _finite([q, k, v, *named.values(), position, bias])):
+            return NotImplemented
+        if entry.rotate is not None:
+            q, k = entry.rotate(q, k, q_offset=call.q_offset, options=options)
+        if name == "plain":
+            terms = Terms(position=position, bias=bias)
+        else:
+            terms = entry.terms(q, k, named, q_offset=call.q_offset, i0=0, j0=0,
+                                options=options, method="efficient")
+        return sdpa_terms(q, k, v, call, terms=terms, mask=mask)
+
+    kernel.__name__ = kernel.__qualname__ = f"{name}_attention_sdpa"
+    kernel.__doc__ = f"`{entry.attention.__name__}` through SDPA (see the module docstring)."
+    return computes_in_float32(kernel)
+
+
+for _name in catalog.names(plain=True):
+    KERNELS[_name] = _kernel(_name)
+del _name
