@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_kernels import BAD_CALLS, TOL, _errors_alike, _public, calls
+from test_kernels_vjp import RTOL, vjp_calls
 
 import relpos_ref as rp
 from relpos_ref import catalog, kernels
@@ -26,6 +27,7 @@ from relpos_ref import catalog, kernels
 torch = pytest.importorskip("torch")
 
 KERNELS = kernels.kernels("torch")
+VJP_KERNELS = kernels.vjp_kernels("torch")
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=pytest.mark.skipif(
@@ -69,7 +71,7 @@ def _assert_close(got, want):
 
 
 def test_every_catalog_scheme_has_a_torch_kernel():
-    assert set(KERNELS) == set(catalog.names(plain=True))
+    assert set(KERNELS) == set(VJP_KERNELS) == set(catalog.names(plain=True))
     q = torch.eye(3)
     assert kernels.kernel_for("bias", (q, None, 2)) is KERNELS["bias"]
     assert kernels.kernel_for("bias", (q, np.eye(3))) is None  # two libraries: the spec says so
@@ -240,3 +242,171 @@ def test_results_are_fresh_tensors(seed):
     assert out is not NotImplemented
     assert not any(out.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
                    for a in (q, table))
+
+
+# -- the backward passes: autograd through the kernels -----------------------------
+
+
+def _spec_vjp(scheme, args, kwargs):
+    with kernels.disabled():
+        return getattr(rp, f"{_public(scheme)}_vjp")(*args, **kwargs)
+
+
+def _assert_gradients_close(got, want):
+    assert isinstance(got, dict) and list(got) == list(want)
+    rtol = RTOL[str(next(iter(want.values())).dtype).removeprefix("torch.")]
+    size = max((float(w.abs().max()) for w in want.values() if w.numel()), default=0)
+    for name, w in want.items():
+        g = got[name]
+        assert isinstance(g, torch.Tensor) and g.dtype == w.dtype, name
+        assert g.shape == w.shape and g.device == w.device, name
+        assert not g.requires_grad, name
+        np.testing.assert_allclose(g.cpu().numpy(), w.cpu().numpy(), rtol=rtol,
+                                   atol=rtol * max(size, 1e-3), err_msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scheme", catalog.names(plain=True))
+@given(data=st.data())
+def test_torch_vjp_kernel_equals_the_specification(scheme, device, data):
+    args, kwargs = data.draw(vjp_calls(scheme))
+    args, kwargs = _on(device, args, kwargs)
+    direct = _errors_alike(lambda: VJP_KERNELS[scheme](*args, **kwargs))
+    public = _errors_alike(lambda: getattr(rp, f"{_public(scheme)}_vjp")(*args, **kwargs))
+    want = _errors_alike(lambda: _spec_vjp(scheme, args, kwargs))
+    if direct[1] is NotImplemented:
+        assert _declines(scheme, args), "the kernel declined a call it covers"
+    elif want[0] == "ok":
+        _assert_gradients_close(direct[1], want[1])
+    else:  # the specification's error, word for word
+        assert direct == want
+    if want[0] == "ok":
+        _assert_gradients_close(public[1], want[1])
+    else:
+        assert public == want
+
+
+def test_torch_vjp_kernel_returns_the_derived_alibi_slopes_gradient():
+    # slopes not given: the specification returns the gradient of the ones it derived
+    args, kwargs = _typical("alibi")
+    d_output = torch.randn(2, 9, 4, dtype=torch.float64)
+    got = VJP_KERNELS["alibi"](*args, d_output=d_output, **kwargs)
+    want = _spec_vjp("alibi", args, {"d_output": d_output, **kwargs})
+    assert list(want) == ["q", "k", "v", "slopes"]
+    _assert_gradients_close(got, want)
+
+
+def test_torch_vjp_kernel_leaves_the_callers_graph_and_grad_mode_alone():
+    args, kwargs = _typical("bias")
+    leaves = [a.clone().requires_grad_(True) for a in args]
+    d_output = torch.randn(2, 9, 4, dtype=torch.float64)
+    with torch.no_grad():
+        got = VJP_KERNELS["bias"](*leaves, d_output=d_output, **kwargs)
+    assert all(g.grad_fn is None for g in got.values())
+    assert all(a.grad is None for a in leaves)
+    _assert_gradients_close(got, _spec_vjp("bias", args, {"d_output": d_output, **kwargs}))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_torch_vjp_kernel_in_16_bits(dtype):
+    args, kwargs = _typical("deberta")
+    args = [a.to(getattr(torch, dtype)) for a in args]
+    d_output = torch.randn(2, 9, 4).to(args[0].dtype)
+    got = VJP_KERNELS["deberta"](*args, d_output=d_output, **kwargs)
+    want = _spec_vjp("deberta", args, {"d_output": d_output, **kwargs})
+    assert got is not NotImplemented and list(got) == list(want)
+    for name, w in want.items():
+        assert got[name].dtype == w.dtype == args[0].dtype, name
+        np.testing.assert_allclose(got[name].float().numpy(), w.float().numpy(),
+                                   rtol=2e-2, atol=2e-2 * float(w.abs().max()), err_msg=name)
+
+
+# -- SDPA's fused kernels: what they do not do, the kernels do not ask of them ------
+
+
+def _batched(args):
+    """(batch, heads, t, d) copies of `_typical`'s arrays: the shape that takes SDPA's
+    fused kernels (its CPU flash loop here), where 3-D calls take its math backend."""
+    return [a[None] for a in args[:3]] + list(args[3:])
+
+
+@pytest.mark.parametrize("scale", [-0.5, 0.0, -0.0, 0.3])
+@pytest.mark.parametrize("scheme", ["plain", "rope", "bias", "alibi"])
+def test_causal_calls_with_any_scale_on_the_fused_kernels(scheme, scale):
+    # SDPA's CPU flash loop returned NaN for is_causal at a negative or zero scale
+    args, kwargs = _typical(scheme)
+    args = _batched(args)
+    for q_offset in (0, 2):
+        kwargs.update(causal=True, q_offset=q_offset, scale=scale)
+        got = KERNELS[scheme](*args, **kwargs)
+        assert got is not NotImplemented
+        _assert_close(got, _spec(scheme, args, kwargs))
+
+
+@pytest.mark.parametrize("scheme", ["plain", "bias", "deberta"])
+# torch's forward mode scripts its own decompositions the first time, which warns in 2.13
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_second_order_and_forward_mode_gradients_equal_the_specifications(scheme):
+    # the fused kernels' backward passes are not differentiable: a call autograd records
+    # runs SDPA's math backend, as differentiable as the specification
+    args, kwargs = _typical(scheme)
+    args = _batched(args)
+    kwargs["mask"] = torch.rand(9, 11, generator=torch.Generator().manual_seed(4)) < 0.8
+
+    def second_order(use_kernels):
+        leaves = [a.clone().requires_grad_(True) for a in args]
+        with (kernels.disabled() if not use_kernels else torch.enable_grad()):
+            out = getattr(rp, _public(scheme))(*leaves, **kwargs)
+            (g,) = torch.autograd.grad((out * out).sum(), leaves[0], create_graph=True)
+            return torch.autograd.grad(g.square().sum(), leaves)
+
+    for got, want in zip(second_order(True), second_order(False), strict=True):
+        _assert_close(got, want)
+    fwd = torch.autograd.forward_ad
+    tangent = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(5),
+                          dtype=args[0].dtype)
+
+    def forward_mode(use_kernels):
+        with fwd.dual_level(), (kernels.disabled() if not use_kernels else torch.no_grad()):
+            dual = fwd.make_dual(args[0], tangent)
+            out = getattr(rp, _public(scheme))(dual, *args[1:], **kwargs)
+            return fwd.unpack_dual(out).tangent
+
+    _assert_close(forward_mode(True), forward_mode(False))
+
+
+def test_the_vjp_kernel_leaves_differentiable_calls_to_the_specification():
+    args, kwargs = _typical("bias")
+    leaves = [a.clone().requires_grad_(True) for a in args]
+    d_output = torch.randn(2, 9, 4, dtype=torch.float64)
+    assert VJP_KERNELS["bias"](*leaves, d_output=d_output, **kwargs) is NotImplemented
+    grads = rp.bias_attention_vjp(*leaves, d_output=d_output, **kwargs)
+    assert grads["q"].grad_fn is not None  # the specification's, differentiable
+    with torch.no_grad():
+        assert VJP_KERNELS["bias"](*leaves, d_output=d_output, **kwargs) is not NotImplemented
+
+
+def test_calls_under_torch_compile_go_to_the_specification(monkeypatch):
+    args, kwargs = _typical("bias")
+    assert KERNELS["bias"](*args, **kwargs) is not NotImplemented
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert KERNELS["bias"](*args, **kwargs) is NotImplemented
+    assert VJP_KERNELS["bias"](*args, d_output=torch.ones(2, 9, 4, dtype=torch.float64),
+                               **kwargs) is NotImplemented
+
+
+@pytest.mark.parametrize(("scheme", "bad"), [
+    ("shaw", {"method": "fast", "return_weights": "no"}),
+    ("bias", {"beyond": "error", "return_weights": "no"}),
+    ("plain", {"return_weights": "no"}),
+])
+def test_several_bad_arguments_get_the_specifications_first_error(scheme, bad):
+    args, kwargs = _typical(scheme)
+    if scheme == "shaw":
+        args[3] = args[3][0]
+    if scheme == "bias":
+        args[3] = args[3][:, :3]  # K = 1: distances beyond it, an error with beyond="error"
+    kwargs.update(bad)
+    with_kernels = _errors_alike(lambda: getattr(rp, _public(scheme))(*args, **kwargs))
+    assert with_kernels[0] in (TypeError, ValueError)
+    assert with_kernels == _errors_alike(lambda: _spec(scheme, args, kwargs))

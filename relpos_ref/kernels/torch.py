@@ -18,7 +18,10 @@ the call validated by the scheme's own checks (``check``), so bad input gets
 the specification's message. No scheme knowledge is written here twice.
 Plain attention with no mask and no term, or a causal one with
 ``q_offset = 0``, passes no ``attn_mask`` at all (``is_causal``: SDPA's fastest
-kernels).
+kernels); the distance-only schemes (bias, T5, ALiBi) pass one row of
+distances as a view (`toeplitz_terms`). A scale that is not positive goes
+into ``q`` (SDPA then gets 1): SDPA's CPU flash loop returned NaN for a
+causal call at scale -0.5.
 
 Every kernel returns ``NotImplemented`` (the specification runs) for what it
 does not cover:
@@ -37,30 +40,56 @@ A row with no allowed key gets zeros, as in the specification: SDPA sees that
 row with every key allowed (no NaN, in the output or in a gradient through
 it), and its output is replaced by zeros. 16-bit calls run in float32 and
 return their dtype (`relpos_ref.calls.computes_in_float32`), as every kernel
-does. Gradients flow through SDPA's own backward pass (torch autograd);
-there are no ``VJP_KERNELS`` here.
+does.
+
+Gradients: a call that autograd records (grad mode on and an input that
+requires gradients) or that carries forward-mode tangents runs SDPA's math
+backend, a composition of differentiable operations (a gradient of a
+gradient, forward mode: what the specification allows; the fused kernels'
+backward passes are not differentiable), 2 to 3 times slower than the fused
+kernels on the CPU and still faster than the specification. ``VJP_KERNELS``
+take first-order gradients only, so they run the fused kernels: each
+``*_attention_vjp`` on torch tensors runs its scheme's kernel on detached
+copies of its arguments and returns
+`torch.autograd.grad` of the output for `d_output`, by argument name as the
+specification does (ALiBi's slopes included when they were derived), after
+the specification's own checks of the call and of ``d_output``. What the
+forward kernel hands back, the backward does too, and so does a call whose
+own inputs require gradients (the specification's gradients are then
+differentiable in turn).
 """
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.autograd.forward_ad import unpack_dual
 from torch.nn.functional import scaled_dot_product_attention
 
 from .. import catalog
 from .._adapters import Terms
-from .._validate import check_bool
 from ..attention import allowed_keys
 from ..calls import Call, check_terms, computes_in_float32
+from ..gradients import check_d_output
 
-__all__ = ["KERNELS"]
+__all__ = ["KERNELS", "VJP_KERNELS"]
 
 #: Scheme name (as in `relpos_ref.catalog`) -> its torch kernel.
 KERNELS: dict[str, Callable[..., Any]] = {}
+
+#: Scheme name -> its backward pass: torch autograd through the scheme's kernel.
+VJP_KERNELS: dict[str, Callable[..., Any]] = {}
+
+# Set by the VJP kernels around their own forward call: first-order gradients only, so
+# SDPA's fused kernels may run although the inputs require gradients.
+_FIRST_ORDER: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "relpos_torch_first_order", default=False)
+
 
 def _tensors(*arrays: Any) -> bool:
     return all(a is None or isinstance(a, torch.Tensor) for a in arrays)
@@ -74,6 +103,10 @@ def _traced(*arrays: Any) -> bool:
     return any(a is not None and wrapped(a) for a in arrays)
 
 
+def _is_array(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
 def _finite(arrays: list[Any]) -> bool:
     # one read back for all of them
     checks = [torch.isfinite(a).all() for a in arrays if a is not None and a.numel()]
@@ -84,9 +117,15 @@ def _one_device(arrays: list[Any]) -> bool:
     return len({a.device for a in arrays if a is not None}) <= 1
 
 
+def _differentiated(arrays: list[Any]) -> bool:
+    # autograd records the call (a gradient may be taken twice), or a forward-mode dual
+    recorded = torch.is_grad_enabled() and any(a.requires_grad for a in arrays)
+    return recorded or any(unpack_dual(a).tangent is not None for a in arrays)
+
+
 def sdpa_terms(
     q: Any, k: Any, v: Any, call: Call, *, terms: Terms, mask: Any = None,
-    keys_reversed: bool = False,
+    keys_reversed: bool = False, fused: bool = True,
 ) -> Any:
     r"""Attention of a validated call with its terms, through SDPA.
 
@@ -108,6 +147,11 @@ def sdpa_terms(
         The terms hold key ``t_k - 1 - j`` in column ``j`` (`toeplitz_terms`):
         ``k``, ``v`` and the allowed keys are reversed to match. The output,
         a sum over keys, is the same.
+    fused : bool, optional
+        Let SDPA choose its fused kernels (flash, memory-efficient, the
+        CPU's flash loop); ``False``: its math backend, a composition of
+        differentiable operations (a gradient of a gradient, forward mode),
+        as the specification is.
 
     Returns
     -------
@@ -135,7 +179,12 @@ def sdpa_terms(
     shapes = [q.shape[:-2], k.shape[:-2], v.shape[:-2],
               *(t.shape[:-2] for t in (position, bias, allowed) if t is not None)]
     batch = torch.broadcast_shapes(*shapes)
-    q, k, v = (x.expand(*batch, *x.shape[-2:]) for x in (q, k, v))
+    # broadcast copies, not stride-0 views (a fused kernel's assumptions; small arrays)
+    q, k, v = (x if x.shape[:-2] == batch else x.expand(*batch, *x.shape[-2:]).contiguous()
+               for x in (q, k, v))
+    scale = call.scale
+    if not scale > 0:  # the scale in q: SDPA's kernels are for a positive one (a causal
+        q, scale = q * scale, 1.0  # flash call at scale -0.5 gave NaN on the CPU)
     attn_mask, is_causal, empty = None, False, None
     if position is None and bias is None and allowed is not None and mask is None \
             and call.q_offset == 0 and not keys_reversed:
@@ -156,8 +205,12 @@ def sdpa_terms(
     if not batch:  # SDPA wants a batch axis
         q, k, v = q[None], k[None], v[None]
         attn_mask = None if attn_mask is None else attn_mask[None]
-    out = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                       scale=call.scale)
+    if fused:
+        out = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                           scale=scale)
+    else:
+        out, _ = torch.ops.aten._scaled_dot_product_attention_math(
+            q, k, v, attn_mask, 0.0, is_causal, scale=scale)
     if not batch:
         out = out[0]
     if empty is not None:
@@ -235,7 +288,8 @@ def _kernel(name: str) -> Callable[..., Any]:
         q, k, v = given["q"], given["k"], given["v"]
         tables = {t.name: given.get(t.name) for t in entry.tables}
         mask, position, bias = given.get("mask"), given.get("position"), given.get("bias")
-        arrays = [q, k, v, *tables.values(), mask, position, bias]
+        arrays = [q, k, v, *tables.values(), mask, position, bias,
+                  *(given[n] for n in option_names if _is_array(given.get(n)))]
         if not _tensors(*arrays) or _traced(*arrays) or not _one_device(arrays):
             return NotImplemented
         named = {n: t for n, t in tables.items() if t is not None}
@@ -245,12 +299,17 @@ def _kernel(name: str) -> Callable[..., Any]:
             options={n: given[n] for n in option_names if n in given})
         if name == "plain":
             check_terms(q, call, bias=bias, position=position)
-        if (check_bool("return_weights", given.get("return_weights", False))
+        # anything but the defaults (a bad value too) goes to the specification, which
+        # checks them in its own order
+        if (given.get("return_weights", False) is not False
                 or given.get("method", "efficient") != "efficient"
                 or value_tables & set(named)
                 or 0 in (call.t_q, call.t_k, q.shape[-1])
-                or not _finite([q, k, v, *named.values(), position, bias])):
+                or not _finite([q, k, v, *named.values(), position, bias,
+                                *(a for a in options.values() if _is_array(a))])):
             return NotImplemented
+        floating = [a for a in arrays if a is not None and a.dtype.is_floating_point]
+        fused = _FIRST_ORDER.get() or not _differentiated(floating)
         if entry.rotate is not None:
             q, k = entry.rotate(q, k, q_offset=call.q_offset, options=options)
         if name == "plain":
@@ -261,17 +320,86 @@ def _kernel(name: str) -> Callable[..., Any]:
             terms = toeplitz_terms(entry, q, k, named, call, options, causal=fold)
             if fold:
                 call = call._replace(causal=False)
-            return sdpa_terms(q, k, v, call, terms=terms, mask=mask, keys_reversed=True)
+            return sdpa_terms(q, k, v, call, terms=terms, mask=mask, keys_reversed=True,
+                              fused=fused)
         else:
             terms = entry.terms(q, k, named, q_offset=call.q_offset, i0=0, j0=0,
                                 options=options, method="efficient")
-        return sdpa_terms(q, k, v, call, terms=terms, mask=mask)
+        return sdpa_terms(q, k, v, call, terms=terms, mask=mask, fused=fused)
 
     kernel.__name__ = kernel.__qualname__ = f"{name}_attention_sdpa"
     kernel.__doc__ = f"`{entry.attention.__name__}` through SDPA (see the module docstring)."
     return computes_in_float32(kernel)
 
 
+def _vjp_kernel(name: str) -> Callable[..., Any]:
+    entry = catalog.get(name)
+    signature = inspect.signature(entry.vjp)
+    forward = KERNELS[name]
+    option_names = [o.name for o in entry.options]
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return NotImplemented  # the specification says what is wrong
+        given = dict(bound.arguments)
+        d_output = given.pop("d_output")
+        q, k, v = given["q"], given["k"], given["v"]
+        tables = {t.name: given[t.name] for t in entry.tables if given.get(t.name) is not None}
+        mask = given.get("mask")
+        terms = {n: given[n] for n in ("bias", "position") if given.get(n) is not None}
+        arrays = [q, k, v, d_output, *tables.values(), mask, *terms.values(),
+                  *(given[n] for n in option_names if _is_array(given.get(n)))]
+        if not _tensors(*arrays) or _traced(*arrays) or not _one_device(arrays):
+            return NotImplemented
+        if _differentiated([a for a in arrays if a is not None and a.dtype.is_floating_point]):
+            return NotImplemented  # the specification's gradients are differentiable
+        # the specification's checks, in its order: the call, then the cotangent
+        call, options = entry.check_call(
+            q, k, v, tables, scale=given.get("scale"), mask=mask, causal=given.get("causal"),
+            q_offset=given.get("q_offset"),
+            options={n: given[n] for n in option_names if n in given})
+        if name == "plain":
+            check_terms(q, call, **terms)
+        check_d_output(d_output, q, call, v.shape[-1], mask=mask)
+        # every floating argument, and array options completed by the checks (ALiBi's
+        # slopes when not given: the specification returns their gradient too)
+        leaves = {"q": q, "k": k, "v": v, **tables, **terms,
+                  **{n: a for n, a in options.items() if _is_array(a)}}
+        token = _FIRST_ORDER.set(True)
+        try:
+            return _gradients(forward, entry, given, options, leaves, d_output)
+        finally:
+            _FIRST_ORDER.reset(token)
+
+    kernel.__name__ = kernel.__qualname__ = f"{name}_attention_vjp_sdpa"
+    kernel.__doc__ = (f"`{entry.vjp.__name__}` by torch autograd through the SDPA kernel "
+                      "(see the module docstring).")
+    return computes_in_float32(kernel)
+
+
+def _gradients(forward: Callable[..., Any], entry: Any, given: dict[str, Any],
+               options: dict[str, Any], leaves: dict[str, Any], d_output: Any) -> Any:
+    # torch.autograd.grad of `forward` at detached copies of `leaves`, by name
+    with torch.enable_grad():
+        leaves = {n: a.detach().requires_grad_(True) for n, a in leaves.items()}
+        tables_in = [leaves.get(t.name) for t in entry.tables]
+        while tables_in and tables_in[-1] is None:
+            tables_in.pop()
+        keywords = {n: a for n, a in given.items()
+                    if n not in ("q", "k", "v", *(t.name for t in entry.tables))}
+        keywords.update({n: leaves[n] for n in leaves if n in keywords or n in options})
+        out = forward(leaves["q"], leaves["k"], leaves["v"], *tables_in, **keywords)
+        if out is NotImplemented:
+            return NotImplemented
+        grads = torch.autograd.grad(out, list(leaves.values()), d_output.expand(out.shape),
+                                    allow_unused=True)
+    return {n: torch.zeros_like(a) if g is None else g
+            for (n, a), g in zip(leaves.items(), grads, strict=True)}
+
+
 for _name in catalog.names(plain=True):
     KERNELS[_name] = _kernel(_name)
+    VJP_KERNELS[_name] = _vjp_kernel(_name)
 del _name
