@@ -410,3 +410,64 @@ def test_several_bad_arguments_get_the_specifications_first_error(scheme, bad):
     with_kernels = _errors_alike(lambda: getattr(rp, _public(scheme))(*args, **kwargs))
     assert with_kernels[0] in (TypeError, ValueError)
     assert with_kernels == _errors_alike(lambda: _spec(scheme, args, kwargs))
+
+
+@pytest.mark.parametrize("shape", [(), (11,), (1, 11), (9, 1), (9, 11), (3, 1, 9, 11)])
+@pytest.mark.parametrize("scheme", ["bias", "t5", "alibi", "plain"])
+def test_masks_of_every_shape_with_the_keys_reversed(scheme, shape):
+    # the distance-only schemes reverse the keys: a mask's key axis must turn with them
+    args, kwargs = _typical(scheme)
+    gen = torch.Generator().manual_seed(sum(shape) + 7)
+    kwargs.update(causal=False, mask=torch.rand(shape, generator=gen) < 0.6)
+    if shape == ():
+        kwargs["mask"] = torch.tensor(True)
+    direct = _errors_alike(lambda: KERNELS[scheme](*args, **kwargs))
+    want = _errors_alike(lambda: _spec(scheme, args, kwargs))
+    if want[0] != "ok":
+        assert direct == want
+        return
+    assert direct[1] is not NotImplemented
+    _assert_close(direct[1], want[1])
+    d_output = torch.randn(want[1].shape, generator=gen, dtype=want[1].dtype)
+    got = VJP_KERNELS[scheme](*args, d_output=d_output, **kwargs)
+    assert got is not NotImplemented
+    _assert_gradients_close(got, _spec_vjp(scheme, args, {"d_output": d_output, **kwargs}))
+
+
+@pytest.mark.parametrize("d_output", [
+    torch.zeros(2, 9, 5, dtype=torch.float64),  # d_v is 4
+    torch.zeros(3, 9, 4, dtype=torch.float64),  # a batch the output does not have
+    torch.zeros(2, 9, 4, dtype=torch.float32),  # another dtype
+    None,
+])
+def test_bad_d_output_gets_the_specifications_error_on_torch(d_output):
+    args, kwargs = _typical("bias")
+    direct = _errors_alike(lambda: VJP_KERNELS["bias"](*args, d_output=d_output, **kwargs))
+    public = _errors_alike(lambda: rp.bias_attention_vjp(*args, d_output=d_output, **kwargs))
+    want = _errors_alike(lambda: _spec_vjp("bias", args, {"d_output": d_output, **kwargs}))
+    assert want[0] in (TypeError, ValueError) and "d_output" in want[1]
+    assert direct == want and public == want
+
+
+def test_non_finite_d_output_and_inference_mode_go_to_the_specification():
+    args, kwargs = _typical("plain")
+    mask = torch.ones(9, 11, dtype=torch.bool)
+    mask[1] = False  # query 1 sees no key: the specification's dv carries 0 * NaN
+    kwargs.update(mask=mask, causal=False)
+    d_output = torch.randn(2, 9, 4, dtype=torch.float64)
+    d_output[:, 1, 0] = float("nan")
+    assert VJP_KERNELS["plain"](*args, d_output=d_output, **kwargs) is NotImplemented
+    got = rp.attention_vjp(*args, d_output=d_output, **kwargs)
+    want = _spec_vjp("plain", args, {"d_output": d_output, **kwargs})
+    assert torch.isnan(want["v"]).any()
+    for name in want:
+        assert torch.equal(torch.isnan(got[name]), torch.isnan(want[name])), name
+    d_output = torch.randn(2, 9, 4, dtype=torch.float64)
+    with torch.inference_mode():
+        assert VJP_KERNELS["plain"](*args, d_output=d_output, **kwargs) is NotImplemented
+        inside = rp.attention_vjp(*args, d_output=d_output, **kwargs)
+        made_inside = [a.clone() for a in args]
+    _assert_gradients_close(inside, _spec_vjp("plain", args, {"d_output": d_output, **kwargs}))
+    assert VJP_KERNELS["plain"](*made_inside, d_output=d_output, **kwargs) is NotImplemented
+    _assert_gradients_close(rp.attention_vjp(*made_inside, d_output=d_output, **kwargs),
+                            _spec_vjp("plain", args, {"d_output": d_output, **kwargs}))

@@ -40,7 +40,8 @@ A row with no allowed key gets zeros, as in the specification: SDPA sees that
 row with every key allowed (no NaN, in the output or in a gradient through
 it), and its output is replaced by zeros. 16-bit calls run in float32 and
 return their dtype (`relpos_ref.calls.computes_in_float32`), as every kernel
-does.
+does: SDPA gets float32 tensors, so on CUDA its 16-bit flash kernels do not
+run (its memory-efficient float32 kernel does).
 
 Gradients: a call that autograd records (grad mode on and an input that
 requires gradients) or that carries forward-mode tangents runs SDPA's math
@@ -56,7 +57,8 @@ specification does (ALiBi's slopes included when they were derived), after
 the specification's own checks of the call and of ``d_output``. What the
 forward kernel hands back, the backward does too, and so does a call whose
 own inputs require gradients (the specification's gradients are then
-differentiable in turn).
+differentiable in turn), one in inference mode (autograd records nothing
+there), and a non-finite ``d_output``.
 """
 
 from __future__ import annotations
@@ -96,8 +98,11 @@ def _tensors(*arrays: Any) -> bool:
 
 
 def _traced(*arrays: Any) -> bool:
-    # under torch.compile, or a tensor wrapped by a torch.func transform (vmap, grad)
+    # under torch.compile, a CUDA graph's capture (no value may be read back), or a
+    # tensor wrapped by a torch.func transform (vmap, grad)
     if torch.compiler.is_compiling():
+        return True
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return True
     wrapped = torch._C._functorch.is_functorch_wrapped_tensor
     return any(a is not None and wrapped(a) for a in arrays)
@@ -356,8 +361,11 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
                   *(given[n] for n in option_names if _is_array(given.get(n)))]
         if not _tensors(*arrays) or _traced(*arrays) or not _one_device(arrays):
             return NotImplemented
-        if _differentiated([a for a in arrays if a is not None and a.dtype.is_floating_point]):
+        floating = [a for a in arrays if a is not None and a.dtype.is_floating_point]
+        if _differentiated(floating):
             return NotImplemented  # the specification's gradients are differentiable
+        if torch.is_inference_mode_enabled() or any(a.is_inference() for a in floating):
+            return NotImplemented  # autograd records nothing there
         # the specification's checks, in its order: the call, then the cotangent
         call, options = entry.check_call(
             q, k, v, tables, scale=given.get("scale"), mask=mask, causal=given.get("causal"),
@@ -368,6 +376,8 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
         check_d_output(d_output, q, call, v.shape[-1], mask=mask)
         # every floating argument, and array options completed by the checks (ALiBi's
         # slopes when not given: the specification returns their gradient too)
+        if not _finite([d_output]):
+            return NotImplemented  # a NaN for a row with no key reaches dv in the specification
         leaves = {"q": q, "k": k, "v": v, **tables, **terms,
                   **{n: a for n, a in options.items() if _is_array(a)}}
         token = _FIRST_ORDER.set(True)
