@@ -67,7 +67,7 @@ import contextvars
 import inspect
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.autograd.forward_ad import unpack_dual
@@ -281,47 +281,71 @@ def toeplitz_terms(entry: Any, q: Any, k: Any, tables: dict[str, Any], call: Cal
     return Terms(position=expand(terms.position), bias=expand(bias))
 
 
+class _Arguments(NamedTuple):
+    """A call's arguments by name, as a kernel reads them."""
+
+    given: dict[str, Any]
+    tables: dict[str, Any]  # the tables given, by name
+    terms: dict[str, Any]  # plain attention's bias and position, when given
+    floating: list[Any]  # every floating array argument
+
+
+def _arguments(entry: Any, signature: inspect.Signature, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> _Arguments | None:
+    # None where no kernel takes the call: one the signature refuses (the specification
+    # says what is wrong), arrays that are not all torch tensors of one device, a trace
+    try:
+        given = dict(signature.bind(*args, **kwargs).arguments)
+    except TypeError:
+        return None
+    tables = {t.name: given[t.name] for t in entry.tables if given.get(t.name) is not None}
+    terms = {n: given[n] for n in ("bias", "position") if given.get(n) is not None}
+    others = ("d_output", "mask", *(o.name for o in entry.options))
+    arrays = [given["q"], given["k"], given["v"], *tables.values(), *terms.values(),
+              *(given[n] for n in others if _is_array(given.get(n)))]
+    if not _tensors(*arrays) or _traced(*arrays) or not _one_device(arrays):
+        return None
+    return _Arguments(given, tables, terms, [a for a in arrays if a.dtype.is_floating_point])
+
+
+def _check_call(entry: Any, arguments: _Arguments) -> tuple[Call, dict[str, Any]]:
+    # the specification's checks of the call (the scheme's own, and plain's terms)
+    given = arguments.given
+    call, options = entry.check_call(
+        given["q"], given["k"], given["v"], arguments.tables, scale=given.get("scale"),
+        mask=given.get("mask"), causal=given.get("causal"), q_offset=given.get("q_offset"),
+        options={o.name: given[o.name] for o in entry.options if o.name in given})
+    if entry.name == "plain":
+        check_terms(given["q"], call, **arguments.terms)
+    return call, options
+
+
 def _kernel(name: str) -> Callable[..., Any]:
     entry = catalog.get(name)
     signature = inspect.signature(entry.attention)
     value_tables = {t.name for t in entry.tables if t.width == "d_v"}
-    option_names = [o.name for o in entry.options]
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError:
-            return NotImplemented  # the specification says what is wrong
-        given = bound.arguments
-        q, k, v = given["q"], given["k"], given["v"]
-        tables = {t.name: given.get(t.name) for t in entry.tables}
-        mask, position, bias = given.get("mask"), given.get("position"), given.get("bias")
-        arrays = [q, k, v, *tables.values(), mask, position, bias,
-                  *(given[n] for n in option_names if _is_array(given.get(n)))]
-        if not _tensors(*arrays) or _traced(*arrays) or not _one_device(arrays):
+        arguments = _arguments(entry, signature, args, kwargs)
+        if arguments is None:
             return NotImplemented
-        named = {n: t for n, t in tables.items() if t is not None}
-        call, options = entry.check_call(
-            q, k, v, named, scale=given.get("scale"), mask=mask, causal=given.get("causal"),
-            q_offset=given.get("q_offset"),
-            options={n: given[n] for n in option_names if n in given})
-        if name == "plain":
-            check_terms(q, call, bias=bias, position=position)
+        call, options = _check_call(entry, arguments)
+        given, named = arguments.given, arguments.tables
+        q, k, v, mask = given["q"], given["k"], given["v"], given.get("mask")
         # anything but the defaults (a bad value too) goes to the specification, which
         # checks them in its own order
         if (given.get("return_weights", False) is not False
                 or given.get("method", "efficient") != "efficient"
                 or value_tables & set(named)
                 or 0 in (call.t_q, call.t_k, q.shape[-1])
-                or not _finite([q, k, v, *named.values(), position, bias,
+                or not _finite([*arguments.floating,
                                 *(a for a in options.values() if _is_array(a))])):
             return NotImplemented
-        floating = [a for a in arrays if a is not None and a.dtype.is_floating_point]
-        fused = _FIRST_ORDER.get() or not _differentiated(floating)
+        fused = _FIRST_ORDER.get() or not _differentiated(arguments.floating)
         if entry.rotate is not None:
             q, k = entry.rotate(q, k, q_offset=call.q_offset, options=options)
         if name == "plain":
-            terms = Terms(position=position, bias=bias)
+            terms = Terms(**arguments.terms)
         elif name in DISTANCE_ONLY:
             # causal alone, every row with a key: the causal structure in the view too
             fold = call.causal and mask is None and call.q_offset >= 0
@@ -344,42 +368,27 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
     entry = catalog.get(name)
     signature = inspect.signature(entry.vjp)
     forward = KERNELS[name]
-    option_names = [o.name for o in entry.options]
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError:
-            return NotImplemented  # the specification says what is wrong
-        given = dict(bound.arguments)
-        d_output = given.pop("d_output")
-        q, k, v = given["q"], given["k"], given["v"]
-        tables = {t.name: given[t.name] for t in entry.tables if given.get(t.name) is not None}
-        mask = given.get("mask")
-        terms = {n: given[n] for n in ("bias", "position") if given.get(n) is not None}
-        arrays = [q, k, v, d_output, *tables.values(), mask, *terms.values(),
-                  *(given[n] for n in option_names if _is_array(given.get(n)))]
-        if not _tensors(*arrays) or _traced(*arrays) or not _one_device(arrays):
+        arguments = _arguments(entry, signature, args, kwargs)
+        if arguments is None:
             return NotImplemented
-        floating = [a for a in arrays if a is not None and a.dtype.is_floating_point]
-        if _differentiated(floating):
+        if _differentiated(arguments.floating):
             return NotImplemented  # the specification's gradients are differentiable
-        if torch.is_inference_mode_enabled() or any(a.is_inference() for a in floating):
+        if torch.is_inference_mode_enabled() or any(a.is_inference()
+                                                    for a in arguments.floating):
             return NotImplemented  # autograd records nothing there
         # the specification's checks, in its order: the call, then the cotangent
-        call, options = entry.check_call(
-            q, k, v, tables, scale=given.get("scale"), mask=mask, causal=given.get("causal"),
-            q_offset=given.get("q_offset"),
-            options={n: given[n] for n in option_names if n in given})
-        if name == "plain":
-            check_terms(q, call, **terms)
-        check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-        # every floating argument, and array options completed by the checks (ALiBi's
-        # slopes when not given: the specification returns their gradient too)
+        call, options = _check_call(entry, arguments)
+        given = dict(arguments.given)
+        d_output = given.pop("d_output")
+        check_d_output(d_output, given["q"], call, given["v"].shape[-1], mask=given.get("mask"))
         if not _finite([d_output]):
             return NotImplemented  # a NaN for a row with no key reaches dv in the specification
-        leaves = {"q": q, "k": k, "v": v, **tables, **terms,
-                  **{n: a for n, a in options.items() if _is_array(a)}}
+        # every floating argument, and array options completed by the checks (ALiBi's
+        # slopes when not given: the specification returns their gradient too)
+        leaves = {"q": given["q"], "k": given["k"], "v": given["v"], **arguments.tables,
+                  **arguments.terms, **{n: a for n, a in options.items() if _is_array(a)}}
         token = _FIRST_ORDER.set(True)
         try:
             return _gradients(forward, entry, given, options, leaves, d_output)
