@@ -11,7 +11,10 @@ writes a JSON file (machine, library versions, date, every measurement) to
 3. the peer baseline: HF BERT ``relative_key``, which gathers a
    ``(t_q, t_k, d)`` embedding tensor and contracts it with einsum (torch, CPU);
 4. peak memory: tracemalloc on NumPy, the allocator's peak on torch CUDA and CuPy;
-5. `relpos_ref.blocked` at ``--t-blocked`` (one head), time and peak memory;
+5. `relpos_ref.blocked_attention` (the dispatched one: a library's blocked
+   kernel where it has one) at ``--t-blocked`` (one head), time, peak memory
+   and, for plain attention, its throughput (pairs per second) against the
+   unblocked call at ``--t-unblocked`` (issue 17's target, set for CuPy);
 6. with ``--t-distributed``, `relpos_ref.blocked` over Dask arrays on a
    ``dask.distributed`` LocalCluster of worker processes with a memory limit
    (issue 17): wall time, each worker's peak resident memory against the bound
@@ -44,7 +47,6 @@ import numpy as np
 
 import relpos_ref as rp
 from relpos_ref import backends, catalog
-from relpos_ref.blocked import blocked_attention
 
 
 def _timed(backend: Any, fn: Callable[[], Any], repeat: int) -> float:
@@ -400,8 +402,8 @@ def distributed_blocked(lengths: tuple[int, ...], *, d: int, dtype: str, k_max: 
                 tables = () if scheme == "plain" else (da.from_array(table_np),) * 2
                 start = time.perf_counter()
                 try:
-                    out = blocked_attention(q, k, v, *tables, scheme=scheme, causal=causal,
-                                            block_size=block).compute()
+                    out = rp.blocked_attention(q, k, v, *tables, scheme=scheme, causal=causal,
+                                               block_size=block).compute()
                 except Exception as exc:  # a worker killed for memory: KilledWorker
                     row["error"] = f"{type(exc).__name__}: {exc}"
                     out = None
@@ -485,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--t-blocked", type=int, default=32768,
                         help="sequence length for relpos_ref.blocked (0 skips)")
     parser.add_argument("--block-size", type=int, default=1024)
+    parser.add_argument("--t-unblocked", type=_nonnegative, default=16384,
+                        help="sequence length of the unblocked plain call (one head) whose "
+                             "throughput the blocked one is compared with (0 skips)")
     parser.add_argument("--t-distributed", type=_lengths, default=(),
                         help="comma-separated sequence lengths for relpos_ref.blocked over Dask "
                              "arrays on a dask.distributed LocalCluster, e.g. 32768,131072 "
@@ -626,22 +631,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{peer / shaw_row['seconds']:.2f}x our shaw (keys and values, {backend.name})")
 
     if args.t_blocked:
-        tb = args.t_blocked
-        arr_b, (qb, kb, vb) = _inputs(backend, args.dtype, 1, tb, d, seed=2, device=device)
-        key = arr_b(2 * args.k_max + 1, d)
-        print(f"\nrelpos_ref.blocked, t = {tb}, 1 head, d = {d}, block {args.block_size}")
-        for name, tables, causal in (("plain", (), False), ("plain", (), True),
-                                     ("shaw", (key, key), True)):
-            def call(name=name, tables=tables, causal=causal):
-                return blocked_attention(qb, kb, vb, *tables, scheme=name, causal=causal,
-                                         block_size=args.block_size)
-            start = time.perf_counter()
-            peak = _peak_bytes(backend, call, device)
-            seconds = time.perf_counter() - start
-            results["blocked"].append({"scheme": name, "causal": causal, "t": tb,
-                                       "seconds": seconds, "peak_bytes": peak})
-            mib = "n/a" if peak is None else f"{peak / 2**20:.0f} MiB"
-            print(f"{name + (' causal' if causal else ''):<28} {seconds:8.1f} s  peak {mib}")
+        results["blocked"], results["unblocked"] = _blocked(args, backend, device)
 
     results["distributed"] = _distributed(args)
 
@@ -659,10 +649,14 @@ def main(argv: list[str] | None = None) -> int:
                  row["ratio_to_forward"], row["ratio_to_forward"] <= 2.5)
                 for row in results["backward"]]
     for row in results["blocked"]:
+        label = f"{row['scheme']}{' causal' if row['causal'] else ''}"
         if row["peak_bytes"] is not None:
             gib = row["peak_bytes"] / 2**30
-            label = f"{row['scheme']}{' causal' if row['causal'] else ''}"
             targets.append((f"blocked {label} t={row['t']} peak < 2 GiB", gib, gib < 2))
+        if row.get("throughput_to_unblocked") is not None:
+            share = row["throughput_to_unblocked"]
+            targets.append((f"blocked {label} t={row['t']} throughput >= 50% of unblocked "
+                            f"t={results['unblocked']['t']}", share, share >= 0.5))
     standard = (backend.name, args.dtype, h, t, d, args.k_max) == ("numpy", "float32", 8, 1024,
                                                                     64, 16)
     print("\ntargets (issues 7, 14 and 16)" + ("" if standard else
@@ -673,6 +667,47 @@ def main(argv: list[str] | None = None) -> int:
     results["targets"] = [{"target": a, "value": b, "met": c, "applies": standard}
                           for a, b, c in targets]
     return _write(results, _distributed_targets(results["distributed"]), args, backend, device)
+
+
+def _blocked(args: argparse.Namespace, backend: Any, device: str
+             ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """`relpos_ref.blocked_attention` at ``--t-blocked``, one head; plain unblocked beside it."""
+    tb, d = args.t_blocked, args.d
+    arr_b, (qb, kb, vb) = _inputs(backend, args.dtype, 1, tb, d, seed=2, device=device)
+    key = arr_b(2 * args.k_max + 1, d)
+    bias = arr_b(1, 2 * args.k_max + 1)
+    unblocked = None
+    if args.t_unblocked:
+        tu = args.t_unblocked
+        _, (qu, ku, vu) = _inputs(backend, args.dtype, 1, tu, d, seed=3, device=device)
+        seconds = _timed(backend, lambda: rp.attention(qu, ku, vu), max(1, args.repeat // 3))
+        unblocked = {"t": tu, "seconds": seconds, "pairs_per_second": tu * tu / seconds}
+        print(f"\nunblocked plain attention, t = {tu}, 1 head: {seconds:.2f} s "
+              f"({unblocked['pairs_per_second'] / 1e9:.2f} G pairs/s)")
+    print(f"\nrelpos_ref.blocked_attention, t = {tb}, 1 head, d = {d}, block {args.block_size} "
+          f"(kernels for {backend.name}: "
+          f"{', '.join(sorted(rp.kernels.blocked_kernels(backend.name))) or 'none'})")
+    rows = []
+    for name, tables, causal in (("plain", (), False), ("plain", (), True),
+                                 ("bias", (bias,), False), ("alibi", (), True),
+                                 ("shaw", (key, key), True)):
+        def call(name=name, tables=tables, causal=causal):
+            return rp.blocked_attention(qb, kb, vb, *tables, scheme=name, causal=causal,
+                                        block_size=args.block_size)
+        start = time.perf_counter()
+        peak = _peak_bytes(backend, call, device)
+        seconds = time.perf_counter() - start
+        row = {"scheme": name, "causal": causal, "t": tb, "seconds": seconds,
+               "peak_bytes": peak, "kernel": name in rp.kernels.blocked_kernels(backend.name)}
+        if unblocked is not None and name == "plain" and not causal:
+            row["throughput_to_unblocked"] = tb * tb / seconds / unblocked["pairs_per_second"]
+        rows.append(row)
+        mib = "n/a" if peak is None else f"{peak / 2**20:.0f} MiB"
+        share = row.get("throughput_to_unblocked")
+        print(f"{name + (' causal' if causal else ''):<28} {seconds:8.1f} s  peak {mib}"
+              + ("" if share is None else f"  throughput {share:.0%} of unblocked")
+              + ("  (kernel)" if row["kernel"] else "  (specification)"))
+    return rows, unblocked
 
 
 def _distributed(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -5,10 +5,11 @@ NumPy, CuPy, torch, JAX and array-api-strict. The conventions are stated once,
 in :mod:`relpos_ref.positions`: the distance is key minus query,
 ``r = j - (i + q_offset)``.
 
-`attention` and every ``<scheme>_attention`` here, and the backward passes
-``attention_vjp`` and ``<scheme>_attention_vjp``, are the specification's
-functions (`relpos_ref.schemes`, `relpos_ref.gradients`) behind the dispatcher
-of `relpos_ref.kernels`, which runs a faster kernel where the arrays' library
+`attention` and every ``<scheme>_attention`` here, the backward passes
+``attention_vjp`` and ``<scheme>_attention_vjp``, and `blocked_attention`
+are the specification's functions (`relpos_ref.schemes`,
+`relpos_ref.gradients`, `relpos_ref.blocked`) behind the dispatcher of
+`relpos_ref.kernels`, which runs a faster kernel where the arrays' library
 has one; everything else is the specification itself.
 """
 
@@ -121,12 +122,19 @@ _SUBMODULES = (
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
+    if name == "blocked_attention":  # imported on first use, as the catalog it reads
+        from .kernels import dispatched_blocked
+
+        spec = importlib.import_module(f"{__name__}.blocked").blocked_attention
+        public = dispatched_blocked(spec)
+        globals()[name] = public
+        return public
     msg = f"module {__name__!r} has no attribute {name!r}"
     raise AttributeError(msg)
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_SUBMODULES})
+    return sorted({*globals(), *_SUBMODULES, "blocked_attention"})
 
 __all__ = [
     "TableIndex",
@@ -145,6 +153,7 @@ __all__ = [
     "bias_attention",
     "bias_attention_vjp",
     "bias_logits",
+    "blocked_attention",
     "causal_table_index",
     "check_distances_in_table",
     "compose_logits",

@@ -76,7 +76,7 @@ from typing import Any
 import dask.array as da
 from dask.array.utils import meta_from_array
 
-from .blocked import _attend_rows, _key_blocks
+from .blocked import _attend_rows, key_blocks
 from .catalog import get
 
 __all__ = ["blocked_attention_chunked"]
@@ -117,7 +117,7 @@ def _tiles(
     """
     for i0 in range(0, t_q, block):
         i1 = min(i0 + block, t_q)
-        for j0, j1 in _key_blocks(i1 - 1, t_k, block=block, causal=causal, q_offset=q_offset):
+        for j0, j1 in key_blocks(i1 - 1, t_k, block=block, causal=causal, q_offset=q_offset):
             yield i0, i1, j0, j1
 
 

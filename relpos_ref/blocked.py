@@ -39,16 +39,20 @@ from __future__ import annotations
 import importlib
 import itertools
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import _xp
+from ._catalog_types import Scheme
 from ._progress import Progress
 from ._validate import broadcast_shapes, check_bool, check_choice, positive_int
 from .attention import allowed_keys, compose_logits, weighted_sum
-from .calls import computes_in_float32
+from .calls import Call, computes_in_float32
 from .catalog import get, names, tables_by_name
 
-__all__ = ["BLOCKED_SCHEMES", "blocked_attention"]
+__all__ = [
+    "BLOCKED_SCHEMES", "BlockedCall", "blocked_attention", "check_blocked_call", "key_blocks",
+    "mask_tile",
+]
 
 #: Schemes `blocked_attention` evaluates: the catalog's (``"plain"`` is attention without
 #: positions).
@@ -58,18 +62,6 @@ BLOCKED_SCHEMES = tuple(names(plain=True))
 #: evaluates `blocked_attention` one task per chunk of queries over its lazy, chunked
 #: arrays (``blocked_attention_chunked``). The one place that chooses it.
 _CHUNKED: Mapping[str, str] = {"dask": "relpos_ref._blocked_dask"}
-
-
-def _mask_tile(mask: Any, i0: int, i1: int, j0: int, j1: int) -> Any:
-    # The tile's part of a mask that broadcasts to (..., t_q, t_k): axes of length 1, or
-    # missing (a 0-d or 1-d mask), broadcast as they are.
-    if mask is None or mask.ndim == 0:
-        return mask
-    cols = slice(j0, j1) if mask.shape[-1] != 1 else slice(None)
-    if mask.ndim == 1:
-        return mask[cols]
-    rows = slice(i0, i1) if mask.shape[-2] != 1 else slice(None)
-    return mask[..., rows, cols]
 
 
 @computes_in_float32
@@ -153,17 +145,9 @@ def blocked_attention(
     >>> bool(np.allclose(out, shaw_attention(q, k, v, key_table, value_table)))
     True
     """
-    check_choice("scheme", scheme, BLOCKED_SCHEMES)
-    entry = get(scheme)
-    block = positive_int("block_size", block_size)
-    named = tables_by_name(entry, tables)
-    call, options = entry.check_call(
-        q, k, v, named, scale=scale, mask=mask, causal=causal, q_offset=q_offset, options=params
-    )
-    enabled = None if check_bool("progress", progress) else False
-    lead = tuple(call.batch)
-    if mask is not None:
-        lead = broadcast_shapes(batch=lead, mask=tuple(mask.shape[:-2]))
+    entry, block, named, call, options, enabled, lead = check_blocked_call(
+        q, k, v, tables, scheme=scheme, block_size=block_size, scale=scale, mask=mask,
+        causal=causal, q_offset=q_offset, progress=progress, params=params)
     chunked = _CHUNKED.get(_xp.library_name(q))
     if chunked is not None:
         # A lazy, chunked library: one task per chunk of queries (see the module docstring).
@@ -178,7 +162,77 @@ def blocked_attention(
                             options=options, mask=mask, bar=bar)
 
 
-def _key_blocks(
+class BlockedCall(NamedTuple):
+    """A validated `blocked_attention` call (`check_blocked_call`)."""
+
+    entry: Scheme
+    block: int
+    tables: dict[str, Any]  # by name
+    call: Call
+    options: dict[str, Any]  # the scheme's, completed by its checks
+    progress: bool | None  # ``None``: a bar where there is a terminal; ``False``: none
+    lead: tuple[int, ...]  # the call's batch shape broadcast with the mask's
+
+
+def check_blocked_call(
+    q: Any, k: Any, v: Any, tables: tuple[Any, ...], /, *, scheme: str, block_size: int,
+    scale: float | None, mask: Any, causal: bool | None, q_offset: int | None,
+    progress: bool, params: Mapping[str, Any],
+) -> BlockedCall:
+    """The checks of a `blocked_attention` call, in its order; its defaults resolved.
+
+    Every evaluation of a blocked call (the loop here, Dask's chunks, a kernel
+    of `relpos_ref.kernels`) starts with these, so bad input gets one error
+    whichever evaluates it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> q = np.zeros((2, 5, 4))
+    >>> checked = check_blocked_call(q, q, q, (np.zeros(32),), scheme="t5", block_size=2,
+    ...                              scale=None, mask=None, causal=None, q_offset=None,
+    ...                              progress=False, params={})
+    >>> checked.block, checked.call.scale, checked.lead
+    (2, 1.0, (2,))
+    """
+    check_choice("scheme", scheme, BLOCKED_SCHEMES)
+    entry = get(scheme)
+    block = positive_int("block_size", block_size)
+    named = tables_by_name(entry, tables)
+    call, options = entry.check_call(
+        q, k, v, named, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
+        options=dict(params)
+    )
+    enabled = None if check_bool("progress", progress) else False
+    lead = tuple(call.batch)
+    if mask is not None:
+        lead = broadcast_shapes(batch=lead, mask=tuple(mask.shape[:-2]))
+    return BlockedCall(entry, block, named, call, dict(options), enabled, lead)
+
+
+def mask_tile(mask: Any, i0: int, i1: int, j0: int, j1: int) -> Any:
+    """The part of `mask` (broadcastable to ``(..., t_q, t_k)``) for rows i0..i1, keys j0..j1.
+
+    Axes of length 1, or missing (a 0-d or 1-d mask), broadcast as they are.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> mask_tile(np.eye(4, dtype=bool), 1, 3, 0, 2).tolist()
+    [[False, True], [False, False]]
+    >>> mask_tile(np.ones((4, 1), dtype=bool), 1, 3, 0, 2).shape
+    (2, 1)
+    """
+    if mask is None or mask.ndim == 0:
+        return mask
+    cols = slice(j0, j1) if mask.shape[-1] != 1 else slice(None)
+    if mask.ndim == 1:
+        return mask[cols]
+    rows = slice(i0, i1) if mask.shape[-2] != 1 else slice(None)
+    return mask[..., rows, cols]
+
+
+def key_blocks(
     last_row: int, t_k: int, /, *, block: int, causal: bool, q_offset: int
 ) -> Iterator[tuple[int, int]]:
     """``(j0, j1)`` of the key blocks a tile of queries up to `last_row` visits.
@@ -188,7 +242,7 @@ def _key_blocks(
 
     Examples
     --------
-    >>> list(_key_blocks(1, 6, block=2, causal=True, q_offset=0))
+    >>> list(key_blocks(1, 6, block=2, causal=True, q_offset=0))
     [(0, 2)]
     """
     for j0 in range(0, t_k, block):
@@ -255,14 +309,14 @@ def _attend_rows(
         m = xp.full((*lead, rows, 1), -xp.inf, dtype=q.dtype, device=dev)
         total = xp.zeros((*lead, rows, 1), dtype=q.dtype, device=dev)
         acc = xp.zeros((*lead, rows, d_v), dtype=q.dtype, device=dev)
-        for j0, j1 in _key_blocks(end - 1, t_k, block=block, causal=causal, q_offset=q_offset):
+        for j0, j1 in key_blocks(end - 1, t_k, block=block, causal=causal, q_offset=q_offset):
             k_blk, v_blk = k[..., j0:j1, :], v[..., j0:j1, :]
             off = q_offset + at - j0
             position, bias = entry.terms(q_blk, k_blk, tables, q_offset=q_offset, i0=at,
                                          j0=j0, options=options, method="efficient")
             content = xp.matmul(q_blk, xp.matrix_transpose(k_blk))
             logits = compose_logits(content, scale=scale, position=position, bias=bias)
-            allowed = allowed_keys(rows, j1 - j0, mask=_mask_tile(mask, i0, i1, j0, j1),
+            allowed = allowed_keys(rows, j1 - j0, mask=mask_tile(mask, i0, i1, j0, j1),
                                    causal=causal, q_offset=off, xp=xp, device=dev)
             if allowed is not None:
                 logits = xp.where(allowed, logits, neg_inf)

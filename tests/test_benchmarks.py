@@ -26,10 +26,11 @@ def bench():
 def test_benchmark_suite_runs_and_writes_its_json(bench, tmp_path, capsys):
     code = bench.main(["--t", "64", "--heads", "2", "--d", "8", "--k-max", "4", "--repeat", "1",
                        "--t-definition", "32", "--t-blocked", "256", "--block-size", "64",
-                       "--out", str(tmp_path)])
+                       "--t-unblocked", "128", "--out", str(tmp_path)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "targets (issues 7, 14 and 16)" in printed and "vs plain" in printed
+    assert "throughput >= 50% of unblocked t=128" in printed
     assert "backward pass (the public VJP)" in printed
     (path,) = tmp_path.glob("*-numpy-float32.json")
     report = json.loads(path.read_text())
@@ -43,6 +44,12 @@ def test_benchmark_suite_runs_and_writes_its_json(bench, tmp_path, capsys):
     assert {row["scheme"].split()[0] for row in report["backward"]} == schemes
     assert all(row["seconds"] > 0 and row["ratio_to_forward"] > 0 for row in report["backward"])
     assert "sdpa" not in report  # torch only
+    blocked = {(row["scheme"], row["causal"]): row for row in report["blocked"]}
+    assert set(blocked) == {("plain", False), ("plain", True), ("bias", False),
+                            ("alibi", True), ("shaw", True)}
+    assert not any(row["kernel"] for row in blocked.values())  # NumPy has no blocked kernels
+    assert blocked["plain", False]["throughput_to_unblocked"] > 0
+    assert report["unblocked"]["t"] == 128 and report["unblocked"]["seconds"] > 0
 
 
 def test_benchmark_suite_on_torch_compares_with_sdpa(bench, tmp_path, capsys):
@@ -50,12 +57,17 @@ def test_benchmark_suite_on_torch_compares_with_sdpa(bench, tmp_path, capsys):
     # FlexAttention eager (its unfused path, quick to start; the suite compiles by default)
     code = bench.main(["--backend", "torch", "--t", "64", "--heads", "2", "--d", "8",
                        "--k-max", "4", "--repeat", "1", "--t-definition", "32",
-                       "--t-blocked", "0", "--flex", "eager", "--out", str(tmp_path)])
+                       "--t-blocked", "256", "--t-unblocked", "0", "--block-size", "64",
+                       "--flex", "eager", "--out", str(tmp_path)])
     assert code == 0
     printed = capsys.readouterr().out
+    assert "kernels for torch: alibi, bias, plain, rope, t5" in printed
     assert "scaled_dot_product_attention" in printed and "for reference only" in printed
     (path,) = tmp_path.glob("*-torch-float32.json")
     report = json.loads(path.read_text())
+    assert {row["scheme"] for row in report["blocked"] if row["kernel"]} == {
+        "plain", "bias", "alibi"}  # Shaw's terms depend on q and k: the specification
+    assert report["unblocked"] is None
     cases = {row["case"]: row for row in report["sdpa"]}
     assert set(cases) == {"plain", "bias (additive attn_mask)"}
     assert all(row["seconds"] > 0 and row["ratio_to_sdpa"] > 0 for row in cases.values())

@@ -10,7 +10,10 @@ time an array of that library arrives, with two mappings from a scheme of
   ``*_attention``;
 - ``VJP_KERNELS`` (optional): backward passes, each with the signature of the
   scheme's ``*_attention_vjp`` (`relpos_ref.attention_vjp` for ``"plain"``),
-  returning the same dict of gradients.
+  returning the same dict of gradients;
+- ``BLOCKED_KERNELS`` (optional): long sequences in bounded memory, each with
+  the signature of `relpos_ref.blocked.blocked_attention`, for calls whose
+  ``scheme`` is its key.
 
 A kernel computes what the specification computes (the tests prove it, up to
 the rounding of a reordered sum) or returns ``NotImplemented``, which hands
@@ -20,9 +23,11 @@ values the specification has rules for. A kernel validates its arguments
 with the specification's own checks first, so bad input gets the same error
 either way.
 
-The public functions of `relpos_ref`, forward (``dispatched(scheme, spec)``)
-and backward (``dispatched(scheme, spec, vjp=True)``), are the
-specification's behind `dispatched`; this is the only place that knows both.
+The public functions of `relpos_ref`, forward (``dispatched(scheme, spec)``),
+backward (``dispatched(scheme, spec, vjp=True)``) and blocked
+(``dispatched_blocked(spec)``, `relpos_ref.blocked_attention`), are the
+specification's behind the dispatcher; this is the only place that knows
+both.
 ``RELPOS_KERNELS=0`` in the environment, or the context manager `disabled`,
 makes every call run the specification.
 
@@ -56,9 +61,11 @@ __all__ = [
     "ENV_VAR",
     "LIBRARIES",
     "available_memory",
+    "blocked_kernels",
     "check_host_memory",
     "disabled",
     "dispatched",
+    "dispatched_blocked",
     "enabled",
     "kernel_for",
     "kernels",
@@ -137,15 +144,31 @@ def vjp_kernels(library: str) -> Mapping[str, Callable[..., Any]]:
     return getattr(importlib.import_module(f"{__name__}.{module}"), "VJP_KERNELS", {})
 
 
+@functools.cache
+def blocked_kernels(library: str) -> Mapping[str, Callable[..., Any]]:
+    """The blocked kernels of an array library by scheme name (empty when none).
+
+    Examples
+    --------
+    >>> dict(blocked_kernels("array_api_strict"))
+    {}
+    """
+    module = LIBRARIES.get(library)
+    if module is None:
+        return {}
+    return getattr(importlib.import_module(f"{__name__}.{module}"), "BLOCKED_KERNELS", {})
+
+
 def kernel_for(
-    scheme: str, arrays: tuple[Any, ...], *, vjp: bool = False
+    scheme: str, arrays: tuple[Any, ...], *, vjp: bool = False, blocked: bool = False
 ) -> Callable[..., Any] | None:
     """The kernel for `scheme` on the library of `arrays`, or ``None``.
 
     ``None`` when kernels are disabled, when the arrays come from several
     libraries (the specification then says so) or when the library has no
     kernel for the scheme. Non-array arguments are ignored. With `vjp`, the
-    scheme's backward-pass kernel (`vjp_kernels`).
+    scheme's backward-pass kernel (`vjp_kernels`); with `blocked`, its
+    blocked kernel (`blocked_kernels`).
 
     Examples
     --------
@@ -162,7 +185,8 @@ def kernel_for(
     if len(libraries) != 1:
         return None
     library = libraries.pop()
-    return (vjp_kernels(library) if vjp else kernels(library)).get(scheme)
+    table = blocked_kernels if blocked else vjp_kernels if vjp else kernels
+    return table(library).get(scheme)
 
 
 def available_memory() -> int | None:
@@ -238,6 +262,35 @@ def dispatched(
             out = chosen(*args, **kwargs)
             if out is not NotImplemented:
                 return out
+        return spec(*args, **kwargs)
+
+    return public
+
+
+def dispatched_blocked(spec: Callable[..., Any]) -> Callable[..., Any]:
+    """`relpos_ref.blocked.blocked_attention` behind the dispatcher, keyed by the call's scheme.
+
+    The kernel is the arrays' library's blocked kernel for the call's
+    ``scheme`` keyword (``"plain"`` when not given), if one applies. No
+    check of host memory: a blocked call never holds the ``(t_q, t_k)``
+    scores.
+
+    Examples
+    --------
+    >>> from relpos_ref.blocked import blocked_attention
+    >>> dispatched_blocked(blocked_attention).__wrapped__ is blocked_attention
+    True
+    """
+
+    @functools.wraps(spec)
+    def public(*args: Any, **kwargs: Any) -> Any:
+        scheme = kwargs.get("scheme", "plain")
+        if isinstance(scheme, str):
+            chosen = kernel_for(scheme, (*args, *kwargs.values()), blocked=True)
+            if chosen is not None:
+                out = chosen(*args, **kwargs)
+                if out is not NotImplemented:
+                    return out
         return spec(*args, **kwargs)
 
     return public

@@ -75,17 +75,23 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from .. import catalog
 from .._adapters import Terms
+from .._progress import Progress
 from ..attention import allowed_keys
+from ..blocked import blocked_attention, check_blocked_call, key_blocks, mask_tile
 from ..calls import Call, check_terms, computes_in_float32
 from ..gradients import check_d_output
 
-__all__ = ["KERNELS", "VJP_KERNELS"]
+__all__ = ["BLOCKED_KERNELS", "KERNELS", "VJP_KERNELS"]
 
 #: Scheme name (as in `relpos_ref.catalog`) -> its torch kernel.
 KERNELS: dict[str, Callable[..., Any]] = {}
 
 #: Scheme name -> its backward pass: torch autograd through the scheme's kernel.
 VJP_KERNELS: dict[str, Callable[..., Any]] = {}
+
+#: Scheme name -> `relpos_ref.blocked.blocked_attention` of that scheme, one SDPA call per
+#: block of queries (`NO_TERMS` and `DISTANCE_ONLY`).
+BLOCKED_KERNELS: dict[str, Callable[..., Any]] = {}
 
 # Set by the VJP kernels around their own forward call: first-order gradients only, so
 # SDPA's fused kernels may run although the inputs require gradients.
@@ -133,7 +139,7 @@ def _differentiated(arrays: list[Any]) -> bool:
 
 def sdpa_terms(
     q: Any, k: Any, v: Any, call: Call, *, terms: Terms, mask: Any = None,
-    keys_reversed: bool = False, fused: bool = True,
+    keys_reversed: bool = False, flipped: tuple[Any, Any] | None = None, fused: bool = True,
 ) -> Any:
     r"""Attention of a validated call with its terms, through SDPA.
 
@@ -155,6 +161,9 @@ def sdpa_terms(
         The terms hold key ``t_k - 1 - j`` in column ``j`` (`toeplitz_terms`):
         ``k``, ``v`` and the allowed keys are reversed to match. The output,
         a sum over keys, is the same.
+    flipped : pair of tensors, optional
+        With `keys_reversed`: ``k`` and ``v`` with their keys already
+        reversed (a blocked call reverses them once for all its blocks).
     fused : bool, optional
         Let SDPA choose its fused kernels (flash, memory-efficient, the
         CPU's flash loop); ``False``: its math backend, a composition of
@@ -182,7 +191,7 @@ def sdpa_terms(
     allowed = allowed_keys(call.t_q, call.t_k, mask=mask, causal=call.causal,
                            q_offset=call.q_offset, xp=call.xp, device=q.device)
     if keys_reversed:
-        k, v = k.flip(-2), v.flip(-2)
+        k, v = (k.flip(-2), v.flip(-2)) if flipped is None else flipped
         allowed = None if allowed is None else allowed.flip(-1)
     shapes = [q.shape[:-2], k.shape[:-2], v.shape[:-2],
               *(t.shape[:-2] for t in (position, bias, allowed) if t is not None)]
@@ -210,24 +219,42 @@ def sdpa_terms(
             term = torch.where(allowed, zero if term is None else term,
                                torch.tensor(-math.inf, dtype=q.dtype, device=q.device))
         attn_mask = term.to(q.dtype).expand(*batch, call.t_q, call.t_k)
-    if not batch:  # SDPA wants a batch axis
-        q, k, v = q[None], k[None], v[None]
-        attn_mask = None if attn_mask is None else attn_mask[None]
+    # (batch, heads, t, d): the fused kernels take four axes (with three, the CPU ran the
+    # math backend, 3.8 times slower at t = 4096)
+    q, k, v = (_four_axes(x, batch) for x in (q, k, v))
+    attn_mask = None if attn_mask is None else _four_axes(attn_mask, batch)
     if fused:
         out = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                            scale=scale)
     else:
         out, _ = torch.ops.aten._scaled_dot_product_attention_math(
             q, k, v, attn_mask, 0.0, is_causal, scale=scale)
-    if not batch:
-        out = out[0]
+    out = out.reshape(*batch, *out.shape[-2:])
     if empty is not None:
         out = torch.where(empty, torch.zeros((), dtype=out.dtype, device=out.device), out)
     return out
 
 
+def _four_axes(x: Any, batch: tuple[int, ...]) -> Any:
+    """``x`` of shape ``(*batch, a, b)`` as ``(n, h, a, b)``: a view unless ``batch`` has 3+ axes.
+
+    Examples
+    --------
+    >>> _four_axes(torch.zeros(3, 4, 5), (3,)).shape
+    torch.Size([1, 3, 4, 5])
+    >>> _four_axes(torch.zeros(2, 3, 4, 4, 5), (2, 3, 4)).shape
+    torch.Size([6, 4, 4, 5])
+    """
+    if len(batch) <= 2:
+        return x.reshape(*(1,) * (2 - len(batch)), *x.shape)
+    return x.reshape(-1, batch[-1], *x.shape[-2:])
+
+
 #: Schemes whose terms are a scalar of the distance alone (no ``q`` or ``k`` in them).
 DISTANCE_ONLY = frozenset({"bias", "t5", "alibi"})
+
+#: Schemes with no terms once ``q`` and ``k`` are rotated (`relpos_ref.catalog.Scheme.rotate`).
+NO_TERMS = frozenset({"plain", "rope"})
 
 
 def toeplitz_terms(entry: Any, q: Any, k: Any, tables: dict[str, Any], call: Call,
@@ -274,7 +301,7 @@ def toeplitz_terms(entry: Any, q: Any, k: Any, tables: dict[str, Any], call: Cal
 
     bias = terms.bias
     if causal:  # distances r_min + c > 0 masked
-        future = torch.arange(n, device=q.device) > call.t_q - 1 + call.q_offset
+        future = (torch.arange(n, device=q.device) > call.t_q - 1 + call.q_offset)[None, :]
         zero = torch.zeros((), dtype=q.dtype, device=q.device)
         bias = torch.where(future, torch.tensor(-math.inf, dtype=q.dtype, device=q.device),
                            zero if bias is None else bias)
@@ -421,7 +448,124 @@ def _gradients(forward: Callable[..., Any], entry: Any, given: dict[str, Any],
             for (n, a), g in zip(leaves.items(), grads, strict=True)}
 
 
+_BLOCKED_SIGNATURE = inspect.signature(blocked_attention)
+
+
+def _blocked_kernel(name: str) -> Callable[..., Any]:
+    entry = catalog.get(name)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = _BLOCKED_SIGNATURE.bind(*args, **kwargs)
+        except TypeError:
+            return NotImplemented  # the specification says what is wrong
+        bound.apply_defaults()
+        given = bound.arguments
+        q, k, v, mask = given["q"], given["k"], given["v"], given["mask"]
+        tables, params = given["tables"], given["params"]
+        arrays = [a for a in (q, k, v, *tables, mask, *params.values())
+                  if a is not None and _is_array(a)]
+        if not _tensors(*arrays) or _traced(*arrays) or not _one_device(arrays):
+            return NotImplemented
+        checked = check_blocked_call(
+            q, k, v, tables, scheme=given["scheme"], block_size=given["block_size"],
+            scale=given["scale"], mask=mask, causal=given["causal"], q_offset=given["q_offset"],
+            progress=given["progress"], params=params)
+        call, options, named = checked.call, checked.options, checked.tables
+        floating = [a for a in arrays if a.dtype.is_floating_point]
+        if (0 in (call.t_q, call.t_k, q.shape[-1])
+                or not _finite([*floating, *(a for a in options.values() if _is_array(a))])):
+            return NotImplemented
+        fused = not _differentiated(floating)
+        if entry.rotate is not None:
+            q, k = entry.rotate(q, k, q_offset=call.q_offset, options=options)
+        block = checked.block
+        rows = _rows_per_call(block, call.t_k, lean=mask is None)
+        # keys reversed once, for the row of distances of every block (`toeplitz_terms`)
+        reverse = name in DISTANCE_ONLY or (call.causal and mask is None)
+        flipped = (k.flip(-2), v.flip(-2)) if reverse else None
+        pieces: list[Any] = []  # an output block, or the number of rows of zeros
+        with Progress(-(-call.t_q // block), f"blocked {name}", enabled=checked.progress) as bar:
+            # the specification's tiles of queries, each against the keys of the key tiles
+            # it visits (so that its terms see the distances the specification's do)
+            for b0 in range(0, call.t_q, block):
+                b1 = min(b0 + block, call.t_q)
+                tiles = list(key_blocks(b1 - 1, call.t_k, block=block, causal=call.causal,
+                                        q_offset=call.q_offset))
+                if not tiles:  # no query of the tile has a key
+                    pieces.append(b1 - b0)
+                for i0 in range(b0, b1, rows) if tiles else ():
+                    i1 = min(i0 + rows, b1)
+                    try:
+                        pieces.append(_attend_block(
+                            entry, q, k, v, named, call, options, i0=i0, i1=i1, j1=tiles[-1][1],
+                            mask=mask, flipped=flipped, fused=fused))
+                    except ValueError:
+                        # a distance beyond the table under beyond="error": the specification
+                        # says so, naming the first of its tiles that has one
+                        return NotImplemented
+                bar.advance(f"queries {b0}..{b1 - 1}")
+        return _joined(pieces, checked.lead, v.shape[-1], q)
+
+    kernel.__name__ = kernel.__qualname__ = f"{name}_blocked_attention_sdpa"
+    kernel.__doc__ = (f"`blocked_attention(..., scheme={name!r})` through SDPA, a block of "
+                      "queries at a time (see the module docstring).")
+    return computes_in_float32(kernel)
+
+
+def _joined(pieces: list[Any], lead: tuple[int, ...], d_v: int, q: Any) -> Any:
+    # the output blocks along the query axis, a number of rows standing for as many zeros
+    blocks = [p for p in pieces if not isinstance(p, int)]
+    batch = blocks[0].shape[:-2] if blocks else lead
+    pieces = [torch.zeros((*batch, p, d_v), dtype=q.dtype, device=q.device)
+              if isinstance(p, int) else p for p in pieces]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-2)
+
+
+def _rows_per_call(block: int, t_k: int, *, lean: bool) -> int:
+    """Queries per SDPA call of a blocked kernel: `block`, fewer where a call holds a mask.
+
+    With no mask a call holds ``O(rows + t_k)`` per head (one row of
+    distances, read through a view); with one it holds ``(rows, t_k)``
+    arrays (the additive mask), so its rows are cut to keep them within the
+    specification's ``(block, block)`` tiles: ``rows t_k <= block^2``, one
+    row at least.
+
+    Examples
+    --------
+    >>> _rows_per_call(1024, 65536, lean=True), _rows_per_call(1024, 65536, lean=False)
+    (1024, 16)
+    """
+    if lean:
+        return block
+    return max(1, min(block, block * block // t_k))
+
+
+def _attend_block(entry: Any, q: Any, k: Any, v: Any, named: dict[str, Any], call: Call,
+                  options: dict[str, Any], *, i0: int, i1: int, j1: int, mask: Any,
+                  flipped: tuple[Any, Any] | None, fused: bool) -> Any:
+    # queries i0..i1 - 1 of a validated call against keys 0..j1 - 1, through SDPA
+    t_k = call.t_k
+    sub = call._replace(t_q=i1 - i0, t_k=j1, q_offset=call.q_offset + i0)
+    q, k, v = q[..., i0:i1, :], k[..., :j1, :], v[..., :j1, :]
+    mask = mask_tile(mask, i0, i1, 0, j1)
+    # the causal structure in the row of distances where every row has a key
+    fold = sub.causal and mask is None and sub.q_offset >= 0
+    if flipped is None:  # no terms, no causal structure to fold
+        return sdpa_terms(q, k, v, sub, terms=Terms(), mask=mask, fused=fused)
+    # one row of distances: the scheme's terms, the causal structure folded in
+    terms = toeplitz_terms(entry, q, k, named, sub, options, causal=fold)
+    if fold:
+        sub = sub._replace(causal=False)
+    k_rev, v_rev = flipped
+    return sdpa_terms(q, k, v, sub, terms=terms, mask=mask, keys_reversed=True,
+                      flipped=(k_rev[..., t_k - j1:, :], v_rev[..., t_k - j1:, :]), fused=fused)
+
+
 for _name in catalog.names(plain=True):
     KERNELS[_name] = _kernel(_name)
     VJP_KERNELS[_name] = _vjp_kernel(_name)
+del _name
+for _name in sorted(NO_TERMS | DISTANCE_ONLY):
+    BLOCKED_KERNELS[_name] = _blocked_kernel(_name)
 del _name

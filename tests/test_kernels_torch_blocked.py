@@ -1,0 +1,208 @@
+"""The torch blocked kernels equal the specification's `blocked_attention` on torch.
+
+`relpos_ref.blocked_attention` is `relpos_ref.blocked.blocked_attention` behind
+the dispatcher; on torch tensors of plain attention, RoPE, bias, T5 and ALiBi
+it runs one SDPA call per block of queries (`relpos_ref.kernels.torch`). The
+hypothesis calls are those of the forward kernels' tests (`test_kernels.calls`:
+offsets, causality, masks with empty rows and of every broadcast shape,
+options, shared and per-head tables, float32 and float64, scales of either
+sign) with a block size drawn beside them; the kernel called directly returns
+what the specification's loop returns, or the same error. Also checked: the
+rows each SDPA call holds, 16-bit calls, gradients, what it hands back, and
+that other schemes reach the specification.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_kernels import TOL, _errors_alike, calls
+
+import relpos_ref as rp
+from relpos_ref import kernels
+from relpos_ref.blocked import blocked_attention as spec_blocked
+
+torch = pytest.importorskip("torch")
+torch_kernels = pytest.importorskip("relpos_ref.kernels.torch")
+
+BLOCKED = kernels.blocked_kernels("torch")
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="torch sees no CUDA device here")),
+]
+
+
+def _on(device, args, kwargs):
+    def tensor(x):
+        return torch.from_numpy(np.ascontiguousarray(x)).to(device) \
+            if isinstance(x, np.ndarray) else x
+    return [tensor(a) for a in args], {n: tensor(a) for n, a in kwargs.items()}
+
+
+def _blocked_call(scheme, args, kwargs, block):
+    kwargs = {n: a for n, a in kwargs.items() if n not in ("return_weights", "position", "bias")}
+    return args, {**kwargs, "scheme": scheme, "block_size": block}
+
+
+def _spec(args, kwargs):
+    with kernels.disabled():
+        return rp.blocked_attention(*args, **kwargs)
+
+
+def _assert_close(got, want):
+    assert isinstance(got, torch.Tensor) and got.dtype == want.dtype
+    assert got.shape == want.shape and got.device == want.device
+    np.testing.assert_allclose(got.cpu().double().numpy(), want.cpu().double().numpy(),
+                               **TOL[str(want.dtype).removeprefix("torch.")])
+
+
+def test_the_blocked_kernels_and_the_dispatch():
+    assert set(BLOCKED) == {"plain", "rope", "bias", "t5", "alibi"}
+    q = torch.eye(3)
+    assert kernels.kernel_for("t5", (q, None), blocked=True) is BLOCKED["t5"]
+    assert kernels.kernel_for("shaw", (q,), blocked=True) is None  # terms of q: the spec
+    assert rp.blocked_attention.__wrapped__ is spec_blocked
+    assert "blocked_attention" in dir(rp) and "blocked_attention" in rp.__all__
+    with kernels.disabled():
+        assert kernels.kernel_for("t5", (q,), blocked=True) is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scheme", sorted(BLOCKED))
+@given(data=st.data(), block=st.integers(1, 7))
+def test_torch_blocked_kernel_equals_the_specification(scheme, device, block, data):
+    args, kwargs = _blocked_call(scheme, *_on(device, *data.draw(calls(scheme))), block)
+    direct = _errors_alike(lambda: BLOCKED[scheme](*args, **kwargs))
+    public = _errors_alike(lambda: rp.blocked_attention(*args, **kwargs))
+    want = _errors_alike(lambda: _spec(args, kwargs))
+    if want[0] != "ok":
+        # the same error, or (a distance beyond a table, found block by block) handed back
+        assert public == want and direct in (want, ("ok", NotImplemented))
+        return
+    empty = 0 in (args[0].shape[-2], args[1].shape[-2])
+    assert (direct[1] is NotImplemented) == empty  # finite calls: only empty grids go back
+    for got in ((public[1],) if empty else (direct[1], public[1])):
+        _assert_close(got, want[1])
+
+
+def test_each_sdpa_call_holds_at_most_a_tile_of_mask(monkeypatch):
+    # with a mask, the rows of a call are cut so that rows * keys <= block ** 2; without
+    # one, a whole block of rows reads one row of distances
+    seen = []
+    original = torch_kernels.sdpa_terms
+
+    def spy(q, k, v, call, **kw):
+        seen.append((q.shape[-2], k.shape[-2], kw.get("mask") is not None))
+        return original(q, k, v, call, **kw)
+
+    monkeypatch.setattr(torch_kernels, "sdpa_terms", spy)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 300, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    table = torch.randn(2, 17, generator=gen, dtype=torch.float64)
+    mask = torch.rand(300, 300, generator=gen) < 0.9
+    got = BLOCKED["bias"](q, k, v, table, scheme="bias", block_size=40, mask=mask)
+    assert seen and all(rows * keys <= 40 * 40 and masked for rows, keys, masked in seen)
+    assert {rows for rows, _, _ in seen} == {5}
+    _assert_close(got, _spec((q, k, v, table), {"scheme": "bias", "block_size": 40,
+                                                 "mask": mask}))
+    seen.clear()
+    got = BLOCKED["alibi"](q, k, v, scheme="alibi", block_size=128, causal=True)
+    # causal: each block against the keys up to its last query
+    assert seen == [(128, 128, False), (128, 256, False), (44, 300, False)]
+    _assert_close(got, _spec((q, k, v), {"scheme": "alibi", "block_size": 128,
+                                          "causal": True}))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_blocked_calls_compute_in_float32(dtype):
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 33, 8, generator=gen).to(getattr(torch, dtype)) for _ in range(3))
+    table = torch.randn(2, 32, generator=gen).to(getattr(torch, dtype))
+    kwargs = {"scheme": "t5", "block_size": 8, "causal": True}
+    got = BLOCKED["t5"](q, k, v, table, **kwargs)
+    want = _spec((q, k, v, table), kwargs)
+    assert got.dtype == want.dtype == q.dtype
+    np.testing.assert_allclose(got.float().numpy(), want.float().numpy(),
+                               rtol=1e-2 if dtype == "bfloat16" else 2e-3, atol=1e-3)
+
+
+def test_gradients_through_the_blocked_kernel_equal_the_specifications():
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 13, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    table = torch.randn(2, 9, generator=gen, dtype=torch.float64)
+    kwargs = {"scheme": "bias", "block_size": 4, "causal": True, "q_offset": -2}
+    leaves = [a.clone().requires_grad_(True) for a in (q, k, v, table)]
+    out = rp.blocked_attention(*leaves, **kwargs)
+    assert torch.all(out[:, :2] == 0)  # queries 0 and 1 see no key
+    got = torch.autograd.grad(out.sum(), leaves)
+    spec_leaves = [a.clone().requires_grad_(True) for a in (q, k, v, table)]
+    want = torch.autograd.grad(_spec(spec_leaves, kwargs).sum(), spec_leaves)
+    for g, w in zip(got, want, strict=True):
+        _assert_close(g, w)
+    assert torch.autograd.gradcheck(lambda *xs: BLOCKED["bias"](*xs, **kwargs), leaves)
+
+
+def test_what_the_blocked_kernel_hands_back():
+    q = torch.randn(2, 6, 4, dtype=torch.float64)
+    nan_k = q.clone()
+    nan_k[0, 0, 0] = float("nan")
+    assert BLOCKED["plain"](q, nan_k, q, block_size=2) is NotImplemented
+    assert BLOCKED["plain"](q, q, q, mask=np.ones((6, 6), dtype=bool)) is NotImplemented
+    assert BLOCKED["plain"](q[:, :0], q, q) is NotImplemented
+    # other schemes reach the specification: their terms depend on q or k
+    table = torch.randn(2, 5, 4, dtype=torch.float64)
+    got = rp.blocked_attention(q, q, q, table, scheme="shaw", block_size=4)
+    with kernels.disabled():
+        want = spec_blocked(q, q, q, table, scheme="shaw", block_size=4)
+    _assert_close(got, want)
+
+
+BAD = [
+    ((), {"block_size": 0}),
+    ((), {"scheme": "nope"}),
+    ((), {"progress": "yes"}),
+    ((), {"scheme": "t5", "max_distance": -1}),
+    ((np.zeros(3),), {"scheme": "plain"}),
+    ((), {"scheme": "alibi", "slopes": "steep"}),
+    ((), {"scale": float("nan")}),
+    ((), {"q_offset": 1.5}),
+    ((), {"mask": "all"}),
+]
+
+
+@pytest.mark.parametrize(("tables", "kwargs"), BAD)
+def test_bad_blocked_input_gets_the_specifications_error(tables, kwargs):
+    q = torch.zeros(2, 4, 3, dtype=torch.float64)
+    tables = tuple(torch.from_numpy(t) for t in tables)
+    scheme = kwargs.get("scheme", "plain")
+    public = _errors_alike(lambda: rp.blocked_attention(q, q, q, *tables, **kwargs))
+    want = _errors_alike(lambda: _spec((q, q, q, *tables), kwargs))
+    assert want[0] != "ok" and public == want
+    if scheme in BLOCKED:
+        direct = _errors_alike(lambda: BLOCKED[scheme](q, q, q, *tables, **kwargs))
+        assert direct in (want, ("ok", NotImplemented))
+
+
+def test_every_shape_of_batch_reaches_sdpa_with_four_axes(monkeypatch):
+    # three axes or five: SDPA's fused kernels take (batch, heads, t, d)
+    seen = []
+    original = torch_kernels.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append(q.ndim)
+        return original(q, k, v, **kw)
+
+    monkeypatch.setattr(torch_kernels, "scaled_dot_product_attention", spy)
+    gen = torch.Generator().manual_seed(5)
+    for lead in [(), (3,), (2, 3), (2, 1, 3)]:
+        q, k, v = (torch.randn(*lead, 7, 4, generator=gen, dtype=torch.float64)
+                   for _ in range(3))
+        table = torch.randn(9, generator=gen, dtype=torch.float64)
+        got = rp.bias_attention(q, k, v, table, causal=True)
+        with kernels.disabled():
+            want = rp.bias_attention(q, k, v, table, causal=True)
+        _assert_close(got, want)
+    assert seen == [4, 4, 4, 4]
