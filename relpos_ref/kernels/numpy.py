@@ -21,7 +21,9 @@ below. What they share (`relpos_ref.kernels._numpy_blocks`):
 The results are fresh arrays, like the specification's.
 
 ``VJP_KERNELS`` holds the backward passes (`relpos_ref.kernels._numpy_vjps`,
-built on `relpos_ref.kernels._numpy_vjp`).
+built on `relpos_ref.kernels._numpy_vjp`), ``BLOCKED_KERNELS`` the blocked
+evaluation by these kernels, a tile of queries at a time
+(`relpos_ref.kernels._numpy_blocked`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from ..schemes import (
     transformer_xl,
 )
 from ..schemes._tables import table_logits
+from ._numpy_blocked import blocked_kernels
 from ._numpy_blocks import (
     AddRows,
     block_logits,
@@ -58,7 +61,7 @@ from ._numpy_blocks import (
 from ._numpy_terms import deberta_terms, grid_terms, one_sided_rows, window_bias
 from ._numpy_vjps import VJP_KERNELS
 
-__all__ = ["KERNELS", "VJP_KERNELS"]
+__all__ = ["BLOCKED_KERNELS", "KERNELS", "VJP_KERNELS"]
 
 #: Scheme name (as in `relpos_ref.catalog`) -> its NumPy kernel.
 KERNELS: dict[str, Callable[..., Any]] = {}
@@ -416,3 +419,8 @@ def shaw_attention(
         values = table_logits(bins, np.swapaxes(value_table, -1, -2))
         out = out + values if values.shape != out.shape else np.add(out, values, out=out)
     return (out, weights) if return_weights else out
+
+
+#: Scheme name -> `relpos_ref.blocked.blocked_attention` of that scheme by its kernel above,
+#: a tile of queries at a time (`relpos_ref.kernels._numpy_blocked`).
+BLOCKED_KERNELS = blocked_kernels(KERNELS)

@@ -75,11 +75,15 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from .. import catalog
 from .._adapters import Terms
-from .._progress import Progress
 from ..attention import allowed_keys
-from ..blocked import blocked_attention, check_blocked_call, key_blocks, mask_tile
+from ..blocked import mask_tile
 from ..calls import Call, check_terms, computes_in_float32
 from ..gradients import check_d_output
+from ._blocked_rows import (
+    blocked_arguments,
+    blocked_rows,
+    check_blocked_arguments,
+)
 
 __all__ = ["BLOCKED_KERNELS", "KERNELS", "VJP_KERNELS"]
 
@@ -448,29 +452,18 @@ def _gradients(forward: Callable[..., Any], entry: Any, given: dict[str, Any],
             for (n, a), g in zip(leaves.items(), grads, strict=True)}
 
 
-_BLOCKED_SIGNATURE = inspect.signature(blocked_attention)
-
-
 def _blocked_kernel(name: str) -> Callable[..., Any]:
     entry = catalog.get(name)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        try:
-            bound = _BLOCKED_SIGNATURE.bind(*args, **kwargs)
-        except TypeError:
+        arguments = blocked_arguments(args, kwargs)
+        if arguments is None:
             return NotImplemented  # the specification says what is wrong
-        bound.apply_defaults()
-        given = bound.arguments
+        given, arrays = arguments
         q, k, v, mask = given["q"], given["k"], given["v"], given["mask"]
-        tables, params = given["tables"], given["params"]
-        arrays = [a for a in (q, k, v, *tables, mask, *params.values())
-                  if a is not None and _is_array(a)]
         if not _tensors(*arrays) or _traced(*arrays) or not _one_device(arrays):
             return NotImplemented
-        checked = check_blocked_call(
-            q, k, v, tables, scheme=given["scheme"], block_size=given["block_size"],
-            scale=given["scale"], mask=mask, causal=given["causal"], q_offset=given["q_offset"],
-            progress=given["progress"], params=params)
+        checked = check_blocked_arguments(given)
         call, options, named = checked.call, checked.options, checked.tables
         floating = [a for a in arrays if a.dtype.is_floating_point]
         if (0 in (call.t_q, call.t_k, q.shape[-1])
@@ -479,66 +472,21 @@ def _blocked_kernel(name: str) -> Callable[..., Any]:
         fused = not _differentiated(floating)
         if entry.rotate is not None:
             q, k = entry.rotate(q, k, q_offset=call.q_offset, options=options)
-        block = checked.block
-        rows = _rows_per_call(block, call.t_k, lean=mask is None)
-        # keys reversed once, for the row of distances of every block (`toeplitz_terms`)
+        # keys reversed once, for the row of distances of every call (`toeplitz_terms`)
         reverse = name in DISTANCE_ONLY or (call.causal and mask is None)
         flipped = (k.flip(-2), v.flip(-2)) if reverse else None
-        pieces: list[Any] = []  # an output block, or the number of rows of zeros
-        with Progress(-(-call.t_q // block), f"blocked {name}", enabled=checked.progress) as bar:
-            # the specification's tiles of queries, each against the keys of the key tiles
-            # it visits (so that its terms see the distances the specification's do)
-            for b0 in range(0, call.t_q, block):
-                b1 = min(b0 + block, call.t_q)
-                tiles = list(key_blocks(b1 - 1, call.t_k, block=block, causal=call.causal,
-                                        q_offset=call.q_offset))
-                if not tiles:  # no query of the tile has a key
-                    pieces.append(b1 - b0)
-                for i0 in range(b0, b1, rows) if tiles else ():
-                    i1 = min(i0 + rows, b1)
-                    try:
-                        pieces.append(_attend_block(
-                            entry, q, k, v, named, call, options, i0=i0, i1=i1, j1=tiles[-1][1],
-                            mask=mask, flipped=flipped, fused=fused))
-                    except ValueError:
-                        # a distance beyond the table under beyond="error": the specification
-                        # says so, naming the first of its tiles that has one
-                        return NotImplemented
-                bar.advance(f"queries {b0}..{b1 - 1}")
-        return _joined(pieces, checked.lead, v.shape[-1], q)
+
+        def attend(i0: int, i1: int, j1: int) -> Any:
+            return _attend_block(entry, q, k, v, named, call, options, i0=i0, i1=i1, j1=j1,
+                                 mask=mask, flipped=flipped, fused=fused)
+
+        # no mask: one row of distances per call, no (rows, t_k) array
+        return blocked_rows(checked, q, v, name=name, lean=mask is None, attend=attend)
 
     kernel.__name__ = kernel.__qualname__ = f"{name}_blocked_attention_sdpa"
     kernel.__doc__ = (f"`blocked_attention(..., scheme={name!r})` through SDPA, a block of "
                       "queries at a time (see the module docstring).")
     return computes_in_float32(kernel)
-
-
-def _joined(pieces: list[Any], lead: tuple[int, ...], d_v: int, q: Any) -> Any:
-    # the output blocks along the query axis, a number of rows standing for as many zeros
-    blocks = [p for p in pieces if not isinstance(p, int)]
-    batch = blocks[0].shape[:-2] if blocks else lead
-    pieces = [torch.zeros((*batch, p, d_v), dtype=q.dtype, device=q.device)
-              if isinstance(p, int) else p for p in pieces]
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-2)
-
-
-def _rows_per_call(block: int, t_k: int, *, lean: bool) -> int:
-    """Queries per SDPA call of a blocked kernel: `block`, fewer where a call holds a mask.
-
-    With no mask a call holds ``O(rows + t_k)`` per head (one row of
-    distances, read through a view); with one it holds ``(rows, t_k)``
-    arrays (the additive mask), so its rows are cut to keep them within the
-    specification's ``(block, block)`` tiles: ``rows t_k <= block^2``, one
-    row at least.
-
-    Examples
-    --------
-    >>> _rows_per_call(1024, 65536, lean=True), _rows_per_call(1024, 65536, lean=False)
-    (1024, 16)
-    """
-    if lean:
-        return block
-    return max(1, min(block, block * block // t_k))
 
 
 def _attend_block(entry: Any, q: Any, k: Any, v: Any, named: dict[str, Any], call: Call,

@@ -1,15 +1,17 @@
-"""The torch blocked kernels equal the specification's `blocked_attention` on torch.
+"""The blocked kernels equal the specification's `blocked_attention`, library by library.
 
 `relpos_ref.blocked_attention` is `relpos_ref.blocked.blocked_attention` behind
-the dispatcher; on torch tensors of plain attention, RoPE, bias, T5 and ALiBi
-it runs one SDPA call per block of queries (`relpos_ref.kernels.torch`). The
-hypothesis calls are those of the forward kernels' tests (`test_kernels.calls`:
-offsets, causality, masks with empty rows and of every broadcast shape,
-options, shared and per-head tables, float32 and float64, scales of either
-sign) with a block size drawn beside them; the kernel called directly returns
-what the specification's loop returns, or the same error. Also checked: the
-rows each SDPA call holds, 16-bit calls, gradients, what it hands back, and
-that other schemes reach the specification.
+the dispatcher. On NumPy arrays every scheme that takes ``q_offset`` runs its
+NumPy kernel a tile of queries at a time (`relpos_ref.kernels._numpy_blocked`);
+on torch tensors plain attention, RoPE, bias, T5 and ALiBi run one SDPA call
+per tile (`relpos_ref.kernels.torch`). The hypothesis calls are those of the
+forward kernels' tests (`test_kernels.calls`: offsets, causality, masks with
+empty rows and of every broadcast shape, options and policies, shared and
+per-head tables, float32 and float64, scales of either sign) with a block size
+drawn beside them; the kernel called directly returns what the
+specification's loop returns, or the same error. Also checked: the rows each
+call holds, 16-bit calls, gradients (torch), what a kernel hands back, and
+that the schemes without one reach the specification.
 """
 
 from __future__ import annotations
@@ -18,21 +20,30 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_kernels import TOL, _errors_alike, calls
+from test_kernels import TOL, _declines, _errors_alike, calls
 
 import relpos_ref as rp
 from relpos_ref import kernels
 from relpos_ref.blocked import blocked_attention as spec_blocked
+from relpos_ref.kernels import _numpy_blocks
+from relpos_ref.kernels import numpy as numpy_kernels
 
-torch = pytest.importorskip("torch")
-torch_kernels = pytest.importorskip("relpos_ref.kernels.torch")
+NUMPY = kernels.blocked_kernels("numpy")
+try:
+    import torch
 
-BLOCKED = kernels.blocked_kernels("torch")
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="torch sees no CUDA device here")),
-]
+    from relpos_ref.kernels import torch as torch_kernels
+except ImportError:  # the NumPy tests run; the torch ones skip
+    torch = torch_kernels = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+BLOCKED = kernels.blocked_kernels("torch") if torch is not None else {}
+_CUDA = pytest.mark.skipif(torch is None or not torch.cuda.is_available(),
+                           reason="torch sees no CUDA device here")
+#: (library, device, scheme) of every blocked kernel
+CASES = [("numpy", "cpu", s) for s in sorted(NUMPY)] + [
+    pytest.param("torch", device, s, marks=marks)
+    for device, marks in (("cpu", []), ("cuda", [_CUDA]))
+    for s in sorted(BLOCKED)]
 
 
 def _on(device, args, kwargs):
@@ -53,12 +64,81 @@ def _spec(args, kwargs):
 
 
 def _assert_close(got, want):
+    if isinstance(want, np.ndarray):
+        assert type(got) is np.ndarray and got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, **TOL[str(want.dtype)])
+        return
     assert isinstance(got, torch.Tensor) and got.dtype == want.dtype
     assert got.shape == want.shape and got.device == want.device
     np.testing.assert_allclose(got.cpu().double().numpy(), want.cpu().double().numpy(),
                                **TOL[str(want.dtype).removeprefix("torch.")])
 
 
+def _numpy_declines(scheme, args, kwargs, block):
+    """Whether the scheme's NumPy kernel may hand a tile's call back (`test_kernels._declines`).
+
+    A tile's call sees the keys up to the end of a key tile, at least
+    ``min(block, t_k)`` of them: Shaw's kernel declines a table wider than those.
+    """
+    if scheme == "shaw" and args[3].shape[-2] > min(block, args[1].shape[-2]):
+        return True
+    return _declines(scheme, args, kwargs)
+
+
+@pytest.mark.parametrize(("library", "device", "scheme"), CASES)
+@given(data=st.data(), block=st.integers(1, 7))
+def test_blocked_kernel_equals_the_specification(library, device, scheme, block, data):
+    drawn = data.draw(calls(scheme))
+    table = NUMPY if library == "numpy" else BLOCKED
+    declines = library == "numpy" and _numpy_declines(scheme, *drawn, block)
+    if library == "torch":
+        drawn = _on(device, *drawn)
+    args, kwargs = _blocked_call(scheme, *drawn, block)
+    with pytest.MonkeyPatch.context() as patch:  # small row blocks inside NumPy's kernels
+        patch.setattr(_numpy_blocks, "BLOCK_BYTES", data.draw(st.sampled_from([64, 2**22])))
+        direct = _errors_alike(lambda: table[scheme](*args, **kwargs))
+        public = _errors_alike(lambda: rp.blocked_attention(*args, **kwargs))
+    want = _errors_alike(lambda: _spec(args, kwargs))
+    if want[0] != "ok":
+        # the same error, or (a distance beyond a table, found tile by tile) handed back
+        assert public == want and direct in (want, ("ok", NotImplemented))
+        return
+    empty = 0 in (args[0].shape[-2], args[1].shape[-2])
+    if direct[1] is NotImplemented:  # finite calls: empty grids, and what the kernel declines
+        assert empty or declines
+    for got in (public[1],) if direct[1] is NotImplemented else (direct[1], public[1]):
+        _assert_close(got, want[1])
+
+
+def test_numpy_blocked_kernels_hold_a_tile_of_scores_per_call(monkeypatch):
+    seen = []
+    original = numpy_kernels.KERNELS["shaw"]
+
+    def spy(q, k, v, *tables, **kw):
+        seen.append((q.shape[-2], k.shape[-2], kw["q_offset"]))
+        return original(q, k, v, *tables, **kw)
+
+    monkeypatch.setitem(numpy_kernels.KERNELS, "shaw", spy)
+    kernel = numpy_kernels.blocked_kernels(numpy_kernels.KERNELS)["shaw"]
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 300, 4)) for _ in range(3))
+    key_table, value_table = rng.standard_normal((2, 9, 4))
+    got = kernel(q, k, v, key_table, value_table, scheme="shaw", block_size=128, causal=True,
+                 q_offset=-3)
+    # tile 0 (queries 0..127, keys up to tile 0), then tiles 1 and 2 against more keys;
+    # rows cut to 128 ** 2 // keys
+    assert seen == [(128, 128, -3), (64, 256, 125), (64, 256, 189), (44, 300, 253)]
+    _assert_close(got, _spec((q, k, v, key_table, value_table),
+                             {"scheme": "shaw", "block_size": 128, "causal": True,
+                              "q_offset": -3}))
+    seen.clear()
+    got = kernel(q, k, v, key_table, value_table, scheme="shaw", block_size=64)
+    # 64 * 64 // 300 = 13 rows a call: tiles of 64 queries in 5 calls, the last (44) in 4
+    assert [rows for rows, _, _ in seen] == [13, 13, 13, 13, 12] * 4 + [13, 13, 13, 5]
+    assert {keys for _, keys, _ in seen} == {300}
+
+
+@needs_torch
 def test_the_blocked_kernels_and_the_dispatch():
     assert set(BLOCKED) == {"plain", "rope", "bias", "t5", "alibi"}
     q = torch.eye(3)
@@ -70,24 +150,7 @@ def test_the_blocked_kernels_and_the_dispatch():
         assert kernels.kernel_for("t5", (q,), blocked=True) is None
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("scheme", sorted(BLOCKED))
-@given(data=st.data(), block=st.integers(1, 7))
-def test_torch_blocked_kernel_equals_the_specification(scheme, device, block, data):
-    args, kwargs = _blocked_call(scheme, *_on(device, *data.draw(calls(scheme))), block)
-    direct = _errors_alike(lambda: BLOCKED[scheme](*args, **kwargs))
-    public = _errors_alike(lambda: rp.blocked_attention(*args, **kwargs))
-    want = _errors_alike(lambda: _spec(args, kwargs))
-    if want[0] != "ok":
-        # the same error, or (a distance beyond a table, found block by block) handed back
-        assert public == want and direct in (want, ("ok", NotImplemented))
-        return
-    empty = 0 in (args[0].shape[-2], args[1].shape[-2])
-    assert (direct[1] is NotImplemented) == empty  # finite calls: only empty grids go back
-    for got in ((public[1],) if empty else (direct[1], public[1])):
-        _assert_close(got, want[1])
-
-
+@needs_torch
 def test_each_sdpa_call_holds_at_most_a_tile_of_mask(monkeypatch):
     # with a mask, the rows of a call are cut so that rows * keys <= block ** 2; without
     # one, a whole block of rows reads one row of distances
@@ -116,6 +179,7 @@ def test_each_sdpa_call_holds_at_most_a_tile_of_mask(monkeypatch):
                                           "causal": True}))
 
 
+@needs_torch
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_16_bit_blocked_calls_compute_in_float32(dtype):
     gen = torch.Generator().manual_seed(3)
@@ -129,6 +193,7 @@ def test_16_bit_blocked_calls_compute_in_float32(dtype):
                                rtol=1e-2 if dtype == "bfloat16" else 2e-3, atol=1e-3)
 
 
+@needs_torch
 def test_gradients_through_the_blocked_kernel_equal_the_specifications():
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, 13, 4, generator=gen, dtype=torch.float64) for _ in range(3))
@@ -145,6 +210,7 @@ def test_gradients_through_the_blocked_kernel_equal_the_specifications():
     assert torch.autograd.gradcheck(lambda *xs: BLOCKED["bias"](*xs, **kwargs), leaves)
 
 
+@needs_torch
 def test_what_the_blocked_kernel_hands_back():
     q = torch.randn(2, 6, 4, dtype=torch.float64)
     nan_k = q.clone()
@@ -173,6 +239,7 @@ BAD = [
 ]
 
 
+@needs_torch
 @pytest.mark.parametrize(("tables", "kwargs"), BAD)
 def test_bad_blocked_input_gets_the_specifications_error(tables, kwargs):
     q = torch.zeros(2, 4, 3, dtype=torch.float64)
@@ -186,6 +253,7 @@ def test_bad_blocked_input_gets_the_specifications_error(tables, kwargs):
         assert direct in (want, ("ok", NotImplemented))
 
 
+@needs_torch
 def test_every_shape_of_batch_reaches_sdpa_with_four_axes(monkeypatch):
     # three axes or five: SDPA's fused kernels take (batch, heads, t, d)
     seen = []
