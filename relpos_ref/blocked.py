@@ -51,7 +51,7 @@ from .catalog import get, names, tables_by_name
 
 __all__ = [
     "BLOCKED_SCHEMES", "BlockedCall", "blocked_attention", "check_blocked_call", "key_blocks",
-    "mask_tile",
+    "mask_tile", "output_batch",
 ]
 
 #: Schemes `blocked_attention` evaluates: the catalog's (``"plain"`` is attention without
@@ -204,10 +204,39 @@ def check_blocked_call(
         options=dict(params)
     )
     enabled = None if check_bool("progress", progress) else False
-    lead = tuple(call.batch)
-    if mask is not None:
-        lead = broadcast_shapes(batch=lead, mask=tuple(mask.shape[:-2]))
+    lead = output_batch(entry, call, named, options, mask=mask)
     return BlockedCall(entry, block, named, call, dict(options), enabled, lead)
+
+
+def output_batch(entry: Scheme, call: Call, tables: Mapping[str, Any],
+                 options: Mapping[str, Any], *, mask: Any = None) -> tuple[int, ...]:
+    """The output's leading shape: ``q, k, v``'s batch, the mask's, and the per-head axes.
+
+    A table's axes before its rows (and its width) are per-head axes; an
+    array option (ALiBi's slopes, ``(h,)``) holds one value per head. All
+    broadcast with the batch, as in the scheme's ``*_attention``, so a tile
+    with no key gets zeros of the output's shape.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> q = np.zeros((5, 4))  # no head axis
+    >>> entry = get("alibi")
+    >>> call, options = entry.check_call(q, q, q, {}, options={"slopes": np.ones(3)})
+    >>> output_batch(entry, call, {}, options)
+    (3,)
+    """
+    shapes = {"batch": tuple(call.batch)}
+    if mask is not None:
+        shapes["mask"] = tuple(mask.shape[:-2])
+    for table in entry.tables:
+        if table.name in tables:
+            own = 1 if table.width is None else 2  # rows, and a row's width
+            shapes[table.name] = tuple(tables[table.name].shape[:-own])
+    for name, value in options.items():
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            shapes[name] = tuple(value.shape)
+    return broadcast_shapes(**shapes)
 
 
 def mask_tile(mask: Any, i0: int, i1: int, j0: int, j1: int) -> Any:

@@ -171,3 +171,18 @@ def test_blocked_bad_input(xp):
     with pytest.raises(ValueError, match=r"`q` must have height \* width = 6 tokens"):
         blocked_attention(q, k, v, xp.zeros((3, 2), dtype=xp.float64),
                           xp.zeros((5, 2), dtype=xp.float64), scheme="grid2d", height=2, width=3)
+
+
+@pytest.mark.parametrize("q_offset", [-2, -10])
+def test_slopes_per_head_widen_every_tile_of_the_output(backend, q_offset):
+    # ALiBi's slopes carry the head axis q lacks: tiles with no key (causal, a negative
+    # offset) are zeros of the same (h, rows, d_v) shape, as alibi_attention returns
+    rng = np.random.default_rng(7)
+    q = backend.asarray(rng.standard_normal((6, 2)))
+    slopes = backend.asarray(np.array([1.0, 0.5, 0.25]))
+    got = blocked_attention(q, q, q, scheme="alibi", slopes=slopes, causal=True,
+                            q_offset=q_offset, block_size=2)
+    want = rp.alibi_attention(q, q, q, slopes=slopes, causal=True, q_offset=q_offset)
+    assert tuple(got.shape) == tuple(want.shape) == (3, 6, 2)
+    np.testing.assert_allclose(backend.to_numpy(got), backend.to_numpy(want), rtol=1e-12,
+                               atol=1e-15)

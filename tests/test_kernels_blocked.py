@@ -274,3 +274,22 @@ def test_every_shape_of_batch_reaches_sdpa_with_four_axes(monkeypatch):
             want = rp.bias_attention(q, k, v, table, causal=True)
         _assert_close(got, want)
     assert seen == [4, 4, 4, 4]
+
+
+def test_a_kernel_called_for_another_scheme_hands_the_call_back():
+    q = np.eye(4)
+    assert NUMPY["plain"](q, q, q, scheme="alibi") is NotImplemented
+    if torch is not None:
+        qt = torch.eye(4, dtype=torch.float64)
+        assert BLOCKED["plain"](qt, qt, qt, scheme="alibi") is NotImplemented
+        assert BLOCKED["rope"](qt, qt, qt, causal=True) is NotImplemented  # scheme: plain
+
+
+@needs_torch
+@pytest.mark.parametrize("lead", [(2, 3, 0), (0, 2, 3), (2, 0)])
+def test_batches_with_no_element_give_empty_outputs(lead):
+    # three axes of batch or more reach SDPA as (n, h, t, d): n from the product, not -1
+    q = torch.randn(*lead, 5, 4, dtype=torch.float64)
+    for got in (rp.attention(q, q, q, causal=True), rp.rope_attention(q, q, q),
+                rp.blocked_attention(q, q, q, causal=True, block_size=2)):
+        assert got.shape == (*lead, 5, 4)

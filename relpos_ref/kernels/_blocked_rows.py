@@ -98,14 +98,15 @@ def blocked_rows(
     """A validated blocked call, one ``attend(i0, i1, j1)`` per call of queries i0..i1 - 1.
 
     ``attend`` returns the output rows ``(..., i1 - i0, d_v)`` of queries
-    ``i0 .. i1 - 1`` against keys ``0 .. j1 - 1``, or ``NotImplemented``.
+    ``i0 .. i1 - 1`` against keys ``0 .. j1 - 1``, or ``NotImplemented``
+    (the whole call then goes back, after the work done so far).
     A tile of queries none of which has a key (``causal``) is zeros, as in
     the specification; the others are cut into calls of
     ``rows_per_call(block, j1, lean=lean)`` queries. Returns the output
-    ``(..., t_q, d_v)``, or ``NotImplemented`` when a call hands back or
-    raises `ValueError` (a
-    distance beyond a table under ``beyond="error"``: the specification says
-    so, naming the first of its tiles that has one).
+    ``(..., t_q, d_v)``, or ``NotImplemented`` when a call hands back, or
+    raises `ValueError` under an option set to ``"error"`` (a distance beyond
+    a table under ``beyond="error"``: the specification then says so, naming
+    the first of its tiles that has one; any other `ValueError` propagates).
 
     Examples
     --------
@@ -139,12 +140,18 @@ def blocked_rows(
                 try:
                     out = attend(i0, min(i0 + rows, b1), j1)
                 except ValueError:
-                    return NotImplemented
+                    if "error" in _strings(checked.options):
+                        return NotImplemented
+                    raise
                 if out is NotImplemented:
                     return NotImplemented
                 pieces.append(out)
             bar.advance(f"queries {b0}..{b1 - 1}")
     return _joined(pieces, checked.lead, q, v)
+
+
+def _strings(options: dict[str, Any]) -> set[str]:
+    return {value for value in options.values() if isinstance(value, str)}
 
 
 def _joined(pieces: list[Any], lead: tuple[int, ...], q: Any, v: Any) -> Any:

@@ -58,7 +58,7 @@ def _blocked_kernel(name: str, forward: Callable[..., Any]) -> Callable[..., Any
         if arguments is None:
             return NotImplemented  # the specification says what is wrong
         given, arrays = arguments
-        if not all(type(a) is np.ndarray for a in arrays):
+        if given["scheme"] != name or not all(type(a) is np.ndarray for a in arrays):
             return NotImplemented
         checked = check_blocked_arguments(given)
         call = checked.call

@@ -93,8 +93,8 @@ KERNELS: dict[str, Callable[..., Any]] = {}
 #: Scheme name -> its backward pass: torch autograd through the scheme's kernel.
 VJP_KERNELS: dict[str, Callable[..., Any]] = {}
 
-#: Scheme name -> `relpos_ref.blocked.blocked_attention` of that scheme, one SDPA call per
-#: block of queries (`NO_TERMS` and `DISTANCE_ONLY`).
+#: Scheme name -> `relpos_ref.blocked.blocked_attention` of that scheme through SDPA, a tile
+#: of queries at a time (`NO_TERMS` and `DISTANCE_ONLY`).
 BLOCKED_KERNELS: dict[str, Callable[..., Any]] = {}
 
 # Set by the VJP kernels around their own forward call: first-order gradients only, so
@@ -240,7 +240,7 @@ def sdpa_terms(
 
 
 def _four_axes(x: Any, batch: tuple[int, ...]) -> Any:
-    """``x`` of shape ``(*batch, a, b)`` as ``(n, h, a, b)``: a view unless ``batch`` has 3+ axes.
+    """``x`` of shape ``(*batch, a, b)`` as ``(n, h, a, b)`` (a copy only where strides need one).
 
     Examples
     --------
@@ -251,7 +251,7 @@ def _four_axes(x: Any, batch: tuple[int, ...]) -> Any:
     """
     if len(batch) <= 2:
         return x.reshape(*(1,) * (2 - len(batch)), *x.shape)
-    return x.reshape(-1, batch[-1], *x.shape[-2:])
+    return x.reshape(math.prod(batch[:-1]), batch[-1], *x.shape[-2:])
 
 
 #: Schemes whose terms are a scalar of the distance alone (no ``q`` or ``k`` in them).
@@ -461,7 +461,8 @@ def _blocked_kernel(name: str) -> Callable[..., Any]:
             return NotImplemented  # the specification says what is wrong
         given, arrays = arguments
         q, k, v, mask = given["q"], given["k"], given["v"], given["mask"]
-        if not _tensors(*arrays) or _traced(*arrays) or not _one_device(arrays):
+        if (given["scheme"] != name or not _tensors(*arrays) or _traced(*arrays)
+                or not _one_device(arrays)):
             return NotImplemented
         checked = check_blocked_arguments(given)
         call, options, named = checked.call, checked.options, checked.tables
