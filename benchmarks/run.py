@@ -684,9 +684,9 @@ def _blocked(args: argparse.Namespace, backend: Any, device: str
         unblocked = {"t": tu, "seconds": seconds, "pairs_per_second": tu * tu / seconds}
         print(f"\nunblocked plain attention, t = {tu}, 1 head: {seconds:.2f} s "
               f"({unblocked['pairs_per_second'] / 1e9:.2f} G pairs/s)")
+    available = sorted(rp.kernels.blocked_kernels(backend.name)) if rp.kernels.enabled() else []
     print(f"\nrelpos_ref.blocked_attention, t = {tb}, 1 head, d = {d}, block {args.block_size} "
-          f"(kernels for {backend.name}: "
-          f"{', '.join(sorted(rp.kernels.blocked_kernels(backend.name))) or 'none'})")
+          f"(kernels for {backend.name}: {', '.join(available) or 'none'})")
     rows = []
     for name, tables, causal in (("plain", (), False), ("plain", (), True),
                                  ("bias", (bias,), False), ("alibi", (), True),
@@ -698,7 +698,8 @@ def _blocked(args: argparse.Namespace, backend: Any, device: str
         seconds = _timed(backend, call, 1)
         peak = _peak_bytes(backend, call, device)
         row = {"scheme": name, "causal": causal, "t": tb, "seconds": seconds,
-               "peak_bytes": peak, "kernel": name in rp.kernels.blocked_kernels(backend.name)}
+               "peak_bytes": peak,
+               "kernel": rp.kernels.enabled() and name in rp.kernels.blocked_kernels(backend.name)}
         if unblocked is not None and name == "plain" and not causal:
             row["throughput_to_unblocked"] = tb * tb / seconds / unblocked["pairs_per_second"]
         rows.append(row)

@@ -125,16 +125,15 @@ def test_numpy_blocked_kernels_hold_a_tile_of_scores_per_call(monkeypatch):
     key_table, value_table = rng.standard_normal((2, 9, 4))
     got = kernel(q, k, v, key_table, value_table, scheme="shaw", block_size=128, causal=True,
                  q_offset=-3)
-    # tile 0 (queries 0..127, keys up to tile 0), then tiles 1 and 2 against more keys;
-    # rows cut to 128 ** 2 // keys
-    assert seen == [(128, 128, -3), (64, 256, 125), (64, 256, 189), (44, 300, 253)]
+    # tile 0 (queries 0..127, keys up to tile 0), then tiles 1 and 2 against more keys
+    assert seen == [(128, 128, -3), (128, 256, 125), (44, 300, 253)]
     _assert_close(got, _spec((q, k, v, key_table, value_table),
                              {"scheme": "shaw", "block_size": 128, "causal": True,
                               "q_offset": -3}))
     seen.clear()
     got = kernel(q, k, v, key_table, value_table, scheme="shaw", block_size=64)
-    # 64 * 64 // 300 = 13 rows a call: tiles of 64 queries in 5 calls, the last (44) in 4
-    assert [rows for rows, _, _ in seen] == [13, 13, 13, 13, 12] * 4 + [13, 13, 13, 5]
+    # 4 * 64 * 64 // 300 = 54 rows a call: tiles of 64 queries in 2 calls, the last (44) in 1
+    assert [rows for rows, _, _ in seen] == [54, 10] * 4 + [44]
     assert {keys for _, keys, _ in seen} == {300}
 
 
@@ -152,7 +151,7 @@ def test_the_blocked_kernels_and_the_dispatch():
 
 @needs_torch
 def test_each_sdpa_call_holds_at_most_a_tile_of_mask(monkeypatch):
-    # with a mask, the rows of a call are cut so that rows * keys <= block ** 2; without
+    # with a mask, the rows of a call are cut so that rows * keys <= 4 block ** 2; without
     # one, a whole block of rows reads one row of distances
     seen = []
     original = torch_kernels.sdpa_terms
@@ -167,8 +166,8 @@ def test_each_sdpa_call_holds_at_most_a_tile_of_mask(monkeypatch):
     table = torch.randn(2, 17, generator=gen, dtype=torch.float64)
     mask = torch.rand(300, 300, generator=gen) < 0.9
     got = BLOCKED["bias"](q, k, v, table, scheme="bias", block_size=40, mask=mask)
-    assert seen and all(rows * keys <= 40 * 40 and masked for rows, keys, masked in seen)
-    assert {rows for rows, _, _ in seen} == {5}
+    assert seen and all(rows * keys <= 4 * 40 * 40 and masked for rows, keys, masked in seen)
+    assert [rows for rows, _, _ in seen] == [21, 19] * 7 + [20]
     _assert_close(got, _spec((q, k, v, table), {"scheme": "bias", "block_size": 40,
                                                  "mask": mask}))
     seen.clear()

@@ -75,20 +75,22 @@ def rows_per_call(block: int, t_k: int, *, lean: bool) -> int:
 
     A `lean` call holds ``O(rows + t_k)`` per head (torch: one row of
     distances read through a view, no mask); any other holds ``(rows, t_k)``
-    arrays (scores, terms, an additive mask), so its rows are cut to keep
-    them within the specification's ``(block, block)`` tiles:
-    ``rows t_k <= block^2``, one row at least.
+    arrays (scores, terms, an additive mask), so its rows are cut to
+    ``rows t_k <= 4 block^2``, one row at least: about what the
+    specification's loop holds per tile (its logits, mask, weights and
+    terms, each ``(block, block)``). With ``block^2`` instead, NumPy's plain
+    attention at t = 32768 took 5.9 s against 3.3 s.
 
     Examples
     --------
     >>> rows_per_call(1024, 65536, lean=True), rows_per_call(1024, 65536, lean=False)
-    (1024, 16)
-    >>> rows_per_call(1024, 512, lean=False)
+    (1024, 64)
+    >>> rows_per_call(1024, 2048, lean=False)
     1024
     """
     if lean:
         return block
-    return max(1, min(block, block * block // t_k))
+    return max(1, min(block, 4 * block * block // t_k))
 
 
 def blocked_rows(

@@ -23,6 +23,17 @@ distances as a view (`toeplitz_terms`). A scale that is not positive goes
 into ``q`` (SDPA then gets 1): SDPA's CPU flash loop returned NaN for a
 causal call at scale -0.5.
 
+``BLOCKED_KERNELS`` evaluate `relpos_ref.blocked.blocked_attention` for
+plain attention, RoPE, bias, T5 and ALiBi (the schemes whose terms are a
+function of the distance alone, or none): each of the specification's
+tiles of queries is one SDPA call against the keys that tile visits
+(`relpos_ref.kernels._blocked_rows`), its row of distances a view of the
+tile's ``rows + keys - 1`` distances, the causal structure folded into it
+where the tile has no mask and each of its queries a key; with a mask a
+tile is cut into calls of at most ``4 block_size ** 2`` scores per head. The
+other schemes' terms depend on ``q`` or ``k``: building them per tile cost
+what the specification's loop costs, so they have no blocked kernel.
+
 Every kernel returns ``NotImplemented`` (the specification runs) for what it
 does not cover:
 
@@ -265,7 +276,8 @@ def toeplitz_terms(entry: Any, q: Any, k: Any, tables: dict[str, Any], call: Cal
                    options: dict[str, Any], *, causal: bool = False) -> Terms:
     r"""A distance-only scheme's terms, once per distance, as a view with the keys reversed.
 
-    ``term[..., i, j'] = row[..., n - 1 - i - j']`` for key ``j = t_k - 1 - j'``,
+    (For plain attention and RoPE, which have no terms, with `causal`: the
+    causal structure alone.) ``term[..., i, j'] = row[..., n - 1 - i - j']`` for key ``j = t_k - 1 - j'``,
     that is ``row[..., j - i + t_q - 1]``, where ``row`` is the scheme's own
     term (`relpos_ref.catalog.Scheme.terms`) on a grid of one query and
     ``n = t_q + t_k - 1`` keys whose distances are those of the call,
