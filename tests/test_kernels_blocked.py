@@ -25,7 +25,7 @@ from test_kernels import TOL, _declines, _errors_alike, calls
 import relpos_ref as rp
 from relpos_ref import kernels
 from relpos_ref.blocked import blocked_attention as spec_blocked
-from relpos_ref.kernels import _numpy_blocks
+from relpos_ref.kernels import _blocked_rows, _numpy_blocks
 from relpos_ref.kernels import numpy as numpy_kernels
 
 NUMPY = kernels.blocked_kernels("numpy")
@@ -132,8 +132,8 @@ def test_numpy_blocked_kernels_hold_a_tile_of_scores_per_call(monkeypatch):
                               "q_offset": -3}))
     seen.clear()
     got = kernel(q, k, v, key_table, value_table, scheme="shaw", block_size=64)
-    # 4 * 64 * 64 // 300 = 54 rows a call: tiles of 64 queries in 2 calls, the last (44) in 1
-    assert [rows for rows, _, _ in seen] == [54, 10] * 4 + [44]
+    # a tile of 64 queries is one call (128 rows at least)
+    assert [rows for rows, _, _ in seen] == [64] * 4 + [44]
     assert {keys for _, keys, _ in seen} == {300}
 
 
@@ -151,8 +151,8 @@ def test_the_blocked_kernels_and_the_dispatch():
 
 @needs_torch
 def test_each_sdpa_call_holds_at_most_a_tile_of_mask(monkeypatch):
-    # with a mask, the rows of a call are cut so that rows * keys <= 4 block ** 2; without
-    # one, a whole block of rows reads one row of distances
+    # with a mask, the rows of a call are cut so that rows * keys <= 4 block ** 2 (but
+    # MIN_ROWS at least); without one, a whole block of rows reads one row of distances
     seen = []
     original = torch_kernels.sdpa_terms
 
@@ -166,8 +166,12 @@ def test_each_sdpa_call_holds_at_most_a_tile_of_mask(monkeypatch):
     table = torch.randn(2, 17, generator=gen, dtype=torch.float64)
     mask = torch.rand(300, 300, generator=gen) < 0.9
     got = BLOCKED["bias"](q, k, v, table, scheme="bias", block_size=40, mask=mask)
-    assert seen and all(rows * keys <= 4 * 40 * 40 and masked for rows, keys, masked in seen)
-    assert [rows for rows, _, _ in seen] == [21, 19] * 7 + [20]
+    assert seen and all(masked for _, _, masked in seen)
+    assert [rows for rows, _, _ in seen] == [40] * 7 + [20]  # block 40 < MIN_ROWS: uncut
+    seen.clear()
+    monkeypatch.setattr(_blocked_rows, "MIN_ROWS", 8)
+    got = BLOCKED["bias"](q, k, v, table, scheme="bias", block_size=40, mask=mask)
+    assert [rows for rows, _, _ in seen] == [21, 19] * 7 + [20]  # 4 * 40 ** 2 // 300 = 21
     _assert_close(got, _spec((q, k, v, table), {"scheme": "bias", "block_size": 40,
                                                  "mask": mask}))
     seen.clear()
@@ -292,3 +296,45 @@ def test_batches_with_no_element_give_empty_outputs(lead):
     for got in (rp.attention(q, q, q, causal=True), rp.rope_attention(q, q, q),
                 rp.blocked_attention(q, q, q, causal=True, block_size=2)):
         assert got.shape == (*lead, 5, 4)
+
+
+def _library_cases():
+    yield "numpy", NUMPY, lambda a: a
+    if torch is not None:
+        yield "torch", BLOCKED, lambda a: torch.from_numpy(np.ascontiguousarray(a))
+
+
+@pytest.mark.parametrize("mask_shape", [(), (11,), (9, 1), (1, 11), (2, 9, 11), (3, 1, 9, 11)])
+@pytest.mark.parametrize("scheme", ["plain", "bias", "transformer_xl"])
+def test_blocked_kernels_take_masks_of_every_broadcast_shape(scheme, mask_shape):
+    rng = np.random.default_rng(len(mask_shape))
+    q, k, v = rng.standard_normal((2, 9, 4)), *rng.standard_normal((2, 2, 11, 4))
+    tables = {"plain": (), "bias": (rng.standard_normal((2, 7)),),
+              "transformer_xl": (rng.standard_normal((4, 4)), rng.standard_normal(4),
+                                 rng.standard_normal((2, 4)))}[scheme]
+    mask = rng.random(mask_shape) < 0.8
+    ran = 0
+    for _, table, convert in _library_cases():
+        if scheme not in table:
+            continue
+        args = [convert(a) for a in (q, k, v, *tables)]
+        kwargs = {"scheme": scheme, "block_size": 4, "mask": convert(np.asarray(mask))}
+        got = table[scheme](*args, **kwargs)  # transformer_xl: causal, end-aligned defaults
+        assert got is not NotImplemented
+        _assert_close(got, _spec(args, kwargs))
+        ran += 1
+    assert ran >= 1
+
+
+@pytest.mark.parametrize("scheme", ["plain", "t5", "shaw"])
+def test_numpy_blocked_kernels_in_float16(scheme):
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.standard_normal((2, 21, 8)).astype(np.float16) for _ in range(3))
+    tables = {"plain": (), "t5": (rng.standard_normal((2, 32)).astype(np.float16),),
+              "shaw": (rng.standard_normal((5, 8)).astype(np.float16),)}[scheme]
+    kwargs = {"scheme": scheme, "block_size": 8, "causal": True}
+    got = NUMPY[scheme](q, k, v, *tables, **kwargs)
+    want = _spec((q, k, v, *tables), kwargs)
+    assert got is not NotImplemented and got.dtype == want.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3,
+                               atol=1e-3)

@@ -26,9 +26,14 @@ from .. import _xp
 from .._progress import Progress
 from ..blocked import BlockedCall, blocked_attention, check_blocked_call, key_blocks
 
-__all__ = ["blocked_arguments", "blocked_rows", "check_blocked_arguments", "rows_per_call"]
+__all__ = [
+    "MIN_ROWS", "blocked_arguments", "blocked_rows", "check_blocked_arguments", "rows_per_call",
+]
 
 _SIGNATURE = inspect.signature(blocked_attention)
+
+#: Fewest queries in a call of a blocked kernel that holds ``(rows, t_k)`` arrays (`rows_per_call`).
+MIN_ROWS = 128
 
 
 def blocked_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -76,21 +81,29 @@ def rows_per_call(block: int, t_k: int, *, lean: bool) -> int:
     A `lean` call holds ``O(rows + t_k)`` per head (torch: one row of
     distances read through a view, no mask); any other holds ``(rows, t_k)``
     arrays (scores, terms, an additive mask), so its rows are cut to
-    ``rows t_k <= 4 block^2``, one row at least: about what the
-    specification's loop holds per tile (its logits, mask, weights and
-    terms, each ``(block, block)``). With ``block^2`` instead, NumPy's plain
-    attention at t = 32768 took 5.9 s against 3.3 s.
+    ``rows t_k <= 4 block^2`` (about what the specification's loop holds per
+    tile: its logits, mask, weights and terms, each ``(block, block)``), but
+    to no fewer than `MIN_ROWS` (or `block`): a call also does work over all
+    its keys whatever its rows (DeBERTa's ``Q^r k^T``, Transformer-XL's
+    distance rows), and GEMMs of few rows are slow. Either way a call holds
+    at most ``block t_k`` scores per head, the bound `blocked_attention`
+    states.
+
+    Measured (NumPy, one head, d = 64): plain attention at t = 32768, block
+    1024, 5.9 s with ``block^2`` scores a call against 3.3 s with 4 times
+    that; DeBERTa at t = 16384, block 256, 15.7 s with 16 rows a call, 6.8 s
+    with 64, 4.5 s with 128, against 7.0 s for the loop.
 
     Examples
     --------
     >>> rows_per_call(1024, 65536, lean=True), rows_per_call(1024, 65536, lean=False)
+    (1024, 128)
+    >>> rows_per_call(1024, 2048, lean=False), rows_per_call(64, 10**6, lean=False)
     (1024, 64)
-    >>> rows_per_call(1024, 2048, lean=False)
-    1024
     """
     if lean:
         return block
-    return max(1, min(block, 4 * block * block // t_k))
+    return min(block, max(MIN_ROWS, 4 * block * block // t_k))
 
 
 def blocked_rows(

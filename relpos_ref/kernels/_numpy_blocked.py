@@ -8,8 +8,8 @@ one GEMM for ``q k^T``, the scheme's term and softmax fused by row blocks)
 against the keys that tile visits, with the call's resolved ``scale``,
 ``causal`` and ``q_offset`` moved to the tile (``q_offset + i0``: relative
 positions depend on ``r = j - (i + q_offset)`` alone). Its rows are cut so
-that a call's ``(rows, t_k)`` scores stay within ``4 block^2`` per head
-(`relpos_ref.kernels._blocked_rows.rows_per_call`).
+that a call's ``(rows, t_k)`` scores stay within ``4 block^2`` per head, to
+no fewer than 128 rows (`relpos_ref.kernels._blocked_rows.rows_per_call`).
 
 Every scheme whose ``*_attention`` takes ``q_offset`` has one (grid2d and
 Swin place queries on a 2-D grid: the specification's loop runs). A call

@@ -30,7 +30,8 @@ tiles of queries is one SDPA call against the keys that tile visits
 (`relpos_ref.kernels._blocked_rows`), its row of distances a view of the
 tile's ``rows + keys - 1`` distances, the causal structure folded into it
 where the tile has no mask and each of its queries a key; with a mask a
-tile is cut into calls of at most ``4 block_size ** 2`` scores per head. The
+tile is cut into calls of about ``4 block_size ** 2`` scores per head
+(`relpos_ref.kernels._blocked_rows.rows_per_call`). The
 other schemes' terms depend on ``q`` or ``k``: building them per tile cost
 what the specification's loop costs, so they have no blocked kernel.
 
@@ -277,7 +278,9 @@ def toeplitz_terms(entry: Any, q: Any, k: Any, tables: dict[str, Any], call: Cal
     r"""A distance-only scheme's terms, once per distance, as a view with the keys reversed.
 
     (For plain attention and RoPE, which have no terms, with `causal`: the
-    causal structure alone.) ``term[..., i, j'] = row[..., n - 1 - i - j']`` for key ``j = t_k - 1 - j'``,
+    causal structure alone.)
+
+    ``term[..., i, j'] = row[..., n - 1 - i - j']`` for key ``j = t_k - 1 - j'``,
     that is ``row[..., j - i + t_q - 1]``, where ``row`` is the scheme's own
     term (`relpos_ref.catalog.Scheme.terms`) on a grid of one query and
     ``n = t_q + t_k - 1`` keys whose distances are those of the call,
