@@ -258,13 +258,19 @@ def dispatched(
     def public(*args: Any, **kwargs: Any) -> Any:
         check_host_memory(*args[:2])
         chosen = kernel_for(scheme, (*args, *kwargs.values()), vjp=vjp)
-        if chosen is not None:
-            out = chosen(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
-        return spec(*args, **kwargs)
+        return _kernel_or_spec(chosen, spec, args, kwargs)
 
     return public
+
+
+def _kernel_or_spec(chosen: Callable[..., Any] | None, spec: Callable[..., Any],
+                    args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # the kernel's result, or the specification's where there is none or it hands back
+    if chosen is not None:
+        out = chosen(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+    return spec(*args, **kwargs)
 
 
 def dispatched_blocked(spec: Callable[..., Any]) -> Callable[..., Any]:
@@ -285,12 +291,8 @@ def dispatched_blocked(spec: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(spec)
     def public(*args: Any, **kwargs: Any) -> Any:
         scheme = kwargs.get("scheme", "plain")
-        if isinstance(scheme, str):
-            chosen = kernel_for(scheme, (*args, *kwargs.values()), blocked=True)
-            if chosen is not None:
-                out = chosen(*args, **kwargs)
-                if out is not NotImplemented:
-                    return out
-        return spec(*args, **kwargs)
+        chosen = (kernel_for(scheme, (*args, *kwargs.values()), blocked=True)
+                  if isinstance(scheme, str) else None)
+        return _kernel_or_spec(chosen, spec, args, kwargs)
 
     return public
