@@ -171,7 +171,7 @@ class BlockedCall(NamedTuple):
     call: Call
     options: dict[str, Any]  # the scheme's, completed by its checks
     progress: bool | None  # ``None``: a bar where there is a terminal; ``False``: none
-    lead: tuple[int, ...]  # the call's batch shape broadcast with the mask's
+    lead: tuple[int, ...]  # the output's leading shape (`output_batch`)
 
 
 def check_blocked_call(

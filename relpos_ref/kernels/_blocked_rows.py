@@ -36,21 +36,23 @@ _SIGNATURE = inspect.signature(blocked_attention)
 MIN_ROWS = 128
 
 
-def blocked_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]
+def blocked_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], *, scheme: str
                       ) -> tuple[dict[str, Any], list[Any]] | None:
-    """A `blocked_attention` call's arguments by name (defaults filled), and its arrays.
+    """A `blocked_attention` call of `scheme`: its arguments by name (defaults filled), its arrays.
 
     ``None`` where the signature refuses the call (the specification then
-    says what is wrong). The arrays are ``q, k, v``, the tables, the mask
-    and array options (ALiBi's slopes), those given.
+    says what is wrong) or the call is of another scheme. The arrays are
+    ``q, k, v``, the tables, the mask and array options (ALiBi's slopes),
+    those given.
 
     Examples
     --------
     >>> import numpy as np
-    >>> given, arrays = blocked_arguments((np.eye(2),) * 3, {"scheme": "alibi"})
+    >>> given, arrays = blocked_arguments((np.eye(2),) * 3, {"scheme": "alibi"},
+    ...                                   scheme="alibi")
     >>> given["block_size"], len(arrays)
     (1024, 3)
-    >>> blocked_arguments((np.eye(2),), {}) is None
+    >>> blocked_arguments((np.eye(2),), {}, scheme="plain") is None
     True
     """
     try:
@@ -59,6 +61,8 @@ def blocked_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]
         return None
     bound.apply_defaults()
     given = dict(bound.arguments)
+    if given["scheme"] != scheme:
+        return None
     candidates = (given["q"], given["k"], given["v"], *given["tables"], given["mask"],
                   *given["params"].values())
     arrays = [a for a in candidates

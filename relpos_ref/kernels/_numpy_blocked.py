@@ -54,11 +54,11 @@ def blocked_kernels(forward: Mapping[str, Callable[..., Any]]) -> dict[str, Call
 
 def _blocked_kernel(name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        arguments = blocked_arguments(args, kwargs)
+        arguments = blocked_arguments(args, kwargs, scheme=name)
         if arguments is None:
             return NotImplemented  # the specification says what is wrong
         given, arrays = arguments
-        if given["scheme"] != name or not all(type(a) is np.ndarray for a in arrays):
+        if not all(type(a) is np.ndarray for a in arrays):
             return NotImplemented
         checked = check_blocked_arguments(given)
         call = checked.call

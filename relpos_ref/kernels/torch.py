@@ -471,13 +471,12 @@ def _blocked_kernel(name: str) -> Callable[..., Any]:
     entry = catalog.get(name)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        arguments = blocked_arguments(args, kwargs)
+        arguments = blocked_arguments(args, kwargs, scheme=name)
         if arguments is None:
             return NotImplemented  # the specification says what is wrong
         given, arrays = arguments
         q, k, v, mask = given["q"], given["k"], given["v"], given["mask"]
-        if (given["scheme"] != name or not _tensors(*arrays) or _traced(*arrays)
-                or not _one_device(arrays)):
+        if not _tensors(*arrays) or _traced(*arrays) or not _one_device(arrays):
             return NotImplemented
         checked = check_blocked_arguments(given)
         call, options, named = checked.call, checked.options, checked.tables
