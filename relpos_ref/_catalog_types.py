@@ -134,6 +134,7 @@ class Scheme:
     grid: Callable[[Mapping[str, Any]], int] | None = None
     benchmark: Callable[[int], dict[str, Any]] = field(default=lambda t: {})
     vjp: Callable[..., dict[str, Any]] | None = None
+    lower: Callable[..., Any] | None = None
 
     @property
     def defaults(self) -> Defaults:

@@ -34,12 +34,14 @@ Examples
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import _adapters as ad
 from ._adapters import Terms
 from ._catalog_types import Option, Scheme, Size, Table
+from ._lowerings import LOWERINGS
 from .attention import attention as plain_attention
 from .gradients import attention_vjp as plain_vjp
 from .schemes import (
@@ -267,7 +269,10 @@ _ENTRIES = (
 )
 
 #: Every scheme by name, in catalog order; ``"plain"`` is attention without positions.
-SCHEMES: Mapping[str, Scheme] = {s.name: s for s in _ENTRIES}
+#: Each lowers to the distance form by its function in `relpos_ref._lowerings`.
+SCHEMES: Mapping[str, Scheme] = {
+    s.name: dataclasses.replace(s, lower=LOWERINGS[s.name]) for s in _ENTRIES
+}
 
 
 def names(*, plain: bool = False) -> list[str]:

@@ -19,6 +19,7 @@ MODULES = [
     "relpos_ref.calls",
     "relpos_ref.gradients",
     "relpos_ref.catalog",
+    "relpos_ref.lowering",
     "relpos_ref.kernels",
     "relpos_ref.kernels.torch",
     "relpos_ref.cli",

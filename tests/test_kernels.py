@@ -17,6 +17,7 @@ from unittest import mock
 import array_api_compat.numpy as xp
 import numpy as np
 import pytest
+from _calls import calls
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,106 +37,6 @@ TOL = {"float64": {"rtol": 1e-11, "atol": 1e-12}, "float32": {"rtol": 2e-4, "ato
 
 def test_every_catalog_scheme_has_a_numpy_kernel():
     assert set(KERNELS) == set(catalog.names(plain=True))
-
-
-def _mask(draw, rng, t_q, t_k):
-    kind = draw(st.sampled_from(["none", "random", "empty rows", "broadcast", "row"]))
-    if kind == "none":
-        return None
-    if kind == "random":
-        return rng.random((t_q, t_k)) < 0.7
-    if kind == "empty rows":
-        mask = rng.random((t_q, t_k)) < 0.8
-        mask[::2] = False
-        return mask
-    if kind == "broadcast":  # leading axes of its own: the scores broadcast to them
-        return rng.random((2, 1, t_q, t_k)) < 0.7
-    return rng.random((1, t_k)) < 0.7
-
-
-def _lengths(draw, scheme):
-    """t_q, t_k, q_offset and the scheme's sizes and options."""
-    t_q, t_k = draw(st.integers(0, 9)), draw(st.integers(0, 9))
-    q_offset = draw(st.integers(-4, 8))
-    sizes, options = {}, {}
-    if scheme in ("shaw", "bias"):
-        sizes["K"] = draw(st.integers(0, 4))
-        options["beyond"] = draw(st.sampled_from(["clip", "zero", "error"]))
-        if draw(st.booleans()):  # asymmetric clipping: rows for r = -P .. K
-            sizes["P"] = options["max_past"] = draw(st.integers(0, 4))
-    elif scheme == "music":
-        sizes["M"] = draw(st.integers(1, 12))
-        options["beyond"] = draw(st.sampled_from(["clip", "zero"]))
-        q_offset = draw(st.sampled_from([t_k - t_q, q_offset]))  # the skew and the rest
-    elif scheme == "general":
-        t_q, t_k = max(t_q, 1), max(t_k, 1)
-        reach = max(abs(t_q - 1 + q_offset), abs(t_k - 1 - q_offset))
-        sizes["t_max"] = max(t_q, t_k, reach + 1) + draw(st.integers(0, 3))
-        options["order"] = draw(st.sampled_from(["past_to_future", "future_to_past"]))
-    elif scheme in ("grid2d", "swin"):
-        h, w = draw(st.integers(1, 4)), draw(st.integers(1, 4))
-        sizes.update(height=h, width=w)
-        t_q = t_k = h * w
-        q_offset = 0
-        if scheme == "grid2d":
-            options.update(height=h, width=w)
-        else:
-            options.update(window_height=h, window_width=w)
-    elif scheme == "t5":
-        sizes["buckets"] = draw(st.sampled_from([4, 8, 16]))
-        options["bidirectional"] = draw(st.booleans())
-        options["max_distance"] = draw(st.integers(sizes["buckets"] // 2, 20))
-    elif scheme == "alibi":
-        options["symmetric"] = draw(st.booleans())
-    elif scheme == "rope":
-        options["layout"] = draw(st.sampled_from(["half", "interleaved"]))
-        options["rotary_dim"] = draw(st.sampled_from([None, 2]))
-    elif scheme == "transformer_xl":
-        sizes["d_model"] = draw(st.sampled_from([2, 6]))
-        options["clamp_len"] = draw(st.sampled_from([None, 0, 2]))
-    elif scheme == "deberta":
-        sizes["span"] = draw(st.integers(2, 5))
-        options["max_position"] = draw(st.sampled_from([None, 2 * sizes["span"] + 3]))
-    elif scheme == "absolute":
-        sizes["rows"] = t_k + draw(st.integers(0, 3))
-    return t_q, t_k, q_offset, sizes, options
-
-
-@st.composite
-def calls(draw, scheme):
-    """(args, kwargs) of one ``*_attention`` call on NumPy arrays."""
-    entry = catalog.get(scheme)
-    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    dtype = draw(st.sampled_from(["float32", "float64"]))
-    heads, d = draw(st.integers(1, 3)), 4
-    t_q, t_k, q_offset, sizes, options = _lengths(draw, scheme)
-    per_head = draw(st.booleans())
-    switches = {t.switch: draw(st.booleans()) for t in entry.tables if t.switch}
-    if scheme == "deberta" and not any(switches.values()):
-        switches["c2p"] = True
-    shapes = entry.table_shapes(sizes, d=d, d_v=3, heads=heads if per_head else None,
-                                include=switches)
-
-    def normal(*shape):
-        return (rng.standard_normal(shape) * 2).astype(dtype)
-
-    lead = draw(st.sampled_from([(heads,), (2, heads)]))
-    q, k, v = normal(*lead, t_q, d), normal(*lead, t_k, d), normal(*lead, t_k, 3)
-    tables = {name: normal(*shape) for name, shape in shapes.items()}
-    kwargs = dict(options, mask=_mask(draw, rng, t_q, t_k), return_weights=True,
-                  scale=draw(st.sampled_from([None, 0.7, -0.3])))
-    if scheme not in ("grid2d", "swin"):
-        kwargs["q_offset"] = q_offset
-    if scheme != "swin":
-        kwargs["causal"] = draw(st.sampled_from([None, True, False]))
-    if scheme == "plain":
-        if draw(st.booleans()):
-            kwargs["position"] = normal(t_q, t_k)
-        if draw(st.booleans()):
-            kwargs["bias"] = normal(heads, t_q, t_k)
-    if scheme == "alibi" and draw(st.booleans()):
-        kwargs["slopes"] = (rng.random(heads) + 0.1).astype(dtype)
-    return (q, k, v, *entry.table_args(tables)), kwargs
 
 
 def _declines(scheme, args, kwargs):
