@@ -28,18 +28,18 @@ def _mask(draw, rng, t_q, t_k):
     return rng.random((1, t_k)) < 0.7
 
 
-def _lengths(draw, scheme):
-    """t_q, t_k, q_offset and the scheme's sizes and options."""
-    t_q, t_k = draw(st.integers(0, 9)), draw(st.integers(0, 9))
-    q_offset = draw(st.integers(-4, 8))
+def _lengths(draw, scheme, longest=9):
+    """t_q, t_k (up to `longest`), q_offset and the scheme's sizes and options."""
+    t_q, t_k = draw(st.integers(0, longest)), draw(st.integers(0, longest))
+    q_offset = draw(st.integers(-4 * longest // 9, 8 * longest // 9))
     sizes, options = {}, {}
     if scheme in ("shaw", "bias"):
-        sizes["K"] = draw(st.integers(0, 4))
+        sizes["K"] = draw(st.integers(0, max(4, longest // 2)))
         options["beyond"] = draw(st.sampled_from(["clip", "zero", "error"]))
         if draw(st.booleans()):  # asymmetric clipping: rows for r = -P .. K
-            sizes["P"] = options["max_past"] = draw(st.integers(0, 4))
+            sizes["P"] = options["max_past"] = draw(st.integers(0, max(4, longest // 2)))
     elif scheme == "music":
-        sizes["M"] = draw(st.integers(1, 12))
+        sizes["M"] = draw(st.integers(1, max(12, longest + 3)))
         options["beyond"] = draw(st.sampled_from(["clip", "zero"]))
         q_offset = draw(st.sampled_from([t_k - t_q, q_offset]))  # the skew and the rest
     elif scheme == "general":
@@ -48,7 +48,8 @@ def _lengths(draw, scheme):
         sizes["t_max"] = max(t_q, t_k, reach + 1) + draw(st.integers(0, 3))
         options["order"] = draw(st.sampled_from(["past_to_future", "future_to_past"]))
     elif scheme in ("grid2d", "swin"):
-        h, w = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+        side = 4 if longest < 16 else 6
+        h, w = draw(st.integers(1, side)), draw(st.integers(1, side))
         sizes.update(height=h, width=w)
         t_q = t_k = h * w
         q_offset = 0
@@ -69,7 +70,7 @@ def _lengths(draw, scheme):
         sizes["d_model"] = draw(st.sampled_from([2, 6]))
         options["clamp_len"] = draw(st.sampled_from([None, 0, 2]))
     elif scheme == "deberta":
-        sizes["span"] = draw(st.integers(2, 5))
+        sizes["span"] = draw(st.integers(2, max(5, longest // 2)))
         options["max_position"] = draw(st.sampled_from([None, 2 * sizes["span"] + 3]))
     elif scheme == "absolute":
         sizes["rows"] = t_k + draw(st.integers(0, 3))
@@ -77,13 +78,16 @@ def _lengths(draw, scheme):
 
 
 @st.composite
-def calls(draw, scheme, dtypes=("float32", "float64")):
-    """(args, kwargs) of one ``*_attention`` call on NumPy arrays of one of `dtypes`."""
+def calls(draw, scheme, dtypes=("float32", "float64"), longest=9):
+    """(args, kwargs) of one ``*_attention`` call on NumPy arrays of one of `dtypes`.
+
+    Sequences have up to `longest` queries and keys.
+    """
     entry = catalog.get(scheme)
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     dtype = draw(st.sampled_from(dtypes))
     heads, d = draw(st.integers(1, 3)), 4
-    t_q, t_k, q_offset, sizes, options = _lengths(draw, scheme)
+    t_q, t_k, q_offset, sizes, options = _lengths(draw, scheme, longest)
     per_head = draw(st.booleans())
     switches = {t.switch: draw(st.booleans()) for t in entry.tables if t.switch}
     if scheme == "deberta" and not any(switches.values()):

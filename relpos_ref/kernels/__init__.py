@@ -31,6 +31,14 @@ both.
 ``RELPOS_KERNELS=0`` in the environment, or the context manager `disabled`,
 makes every call run the specification.
 
+Before a library's own module, the fused GPU kernels (`FUSED`:
+``relpos_ref.kernels.triton`` for torch and CuPy) are asked, where Triton is
+installed and the module's ``accepts(arrays)`` takes the call's arrays
+(CUDA tensors, CuPy arrays; CPU tensors under Triton's interpreter when
+switched on). A kernel that hands a call back passes it down the chain: the
+fused kernel, the library's kernel, the specification. `kernel_for` names
+the first kernel of the chain.
+
 Examples
 --------
 >>> import numpy as np
@@ -50,6 +58,7 @@ import contextlib
 import contextvars
 import functools
 import importlib
+import importlib.util
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -59,6 +68,7 @@ from .. import _xp
 
 __all__ = [
     "ENV_VAR",
+    "FUSED",
     "LIBRARIES",
     "available_memory",
     "blocked_kernels",
@@ -77,6 +87,13 @@ ENV_VAR = "RELPOS_KERNELS"
 
 #: Array library (the top-level module of its array type) -> its kernels module here.
 LIBRARIES: Mapping[str, str] = {"numpy": "numpy", "torch": "torch"}
+
+#: Array library -> the module of fused GPU kernels tried before its own (when installed and
+#: its ``accepts`` takes the arrays).
+FUSED: Mapping[str, str] = {"torch": "triton", "cupy": "triton"}
+
+#: A fused module -> the package it needs; without it the module is not loaded.
+_NEEDS: Mapping[str, str] = {"triton": "triton"}
 
 _DISABLED: contextvars.ContextVar[int] = contextvars.ContextVar("relpos_kernels_off", default=0)
 
@@ -108,6 +125,15 @@ def disabled() -> Iterator[None]:
         yield
     finally:
         _DISABLED.reset(token)
+
+
+@functools.cache
+def _fused_module(library: str) -> Any:
+    # the library's fused-kernel module, or None (none, or its package not installed)
+    module = FUSED.get(library)
+    if module is None or importlib.util.find_spec(_NEEDS[module]) is None:
+        return None
+    return importlib.import_module(f"{__name__}.{module}")
 
 
 @functools.cache
@@ -179,14 +205,28 @@ def kernel_for(
     ...     kernel_for("shaw", (np.zeros(2),)) is None
     True
     """
+    chain = _chain(scheme, arrays, vjp=vjp, blocked=blocked)
+    return chain[0] if chain else None
+
+
+def _chain(scheme: str, arrays: tuple[Any, ...], *, vjp: bool = False,
+           blocked: bool = False) -> list[Callable[..., Any]]:
+    # the kernels to try in order: the fused GPU kernel if its module takes the arrays, then
+    # the library's own
     if not enabled():
-        return None
+        return []
     libraries = {_xp.library_name(a) for a in arrays if _is_array(a)}
     if len(libraries) != 1:
-        return None
+        return []
     library = libraries.pop()
+    name = "BLOCKED_KERNELS" if blocked else "VJP_KERNELS" if vjp else "KERNELS"
+    found = []
+    fused = _fused_module(library)
+    if fused is not None and fused.accepts(arrays):
+        found.append(getattr(fused, name, {}).get(scheme))
     table = blocked_kernels if blocked else vjp_kernels if vjp else kernels
-    return table(library).get(scheme)
+    found.append(table(library).get(scheme))
+    return [k for k in found if k is not None]
 
 
 def available_memory() -> int | None:
@@ -257,17 +297,17 @@ def dispatched(
     @functools.wraps(spec)
     def public(*args: Any, **kwargs: Any) -> Any:
         check_host_memory(*args[:2])
-        chosen = kernel_for(scheme, (*args, *kwargs.values()), vjp=vjp)
-        return _kernel_or_spec(chosen, spec, args, kwargs)
+        chain = _chain(scheme, (*args, *kwargs.values()), vjp=vjp)
+        return _kernel_or_spec(chain, spec, args, kwargs)
 
     return public
 
 
-def _kernel_or_spec(chosen: Callable[..., Any] | None, spec: Callable[..., Any],
+def _kernel_or_spec(chain: list[Callable[..., Any]], spec: Callable[..., Any],
                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    # the kernel's result, or the specification's where there is none or it hands back
-    if chosen is not None:
-        out = chosen(*args, **kwargs)
+    # the first kernel's result that is not handed back, or the specification's
+    for kernel in chain:
+        out = kernel(*args, **kwargs)
         if out is not NotImplemented:
             return out
     return spec(*args, **kwargs)
@@ -291,8 +331,8 @@ def dispatched_blocked(spec: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(spec)
     def public(*args: Any, **kwargs: Any) -> Any:
         scheme = kwargs.get("scheme", "plain")
-        chosen = (kernel_for(scheme, (*args, *kwargs.values()), blocked=True)
-                  if isinstance(scheme, str) else None)
-        return _kernel_or_spec(chosen, spec, args, kwargs)
+        chain = (_chain(scheme, (*args, *kwargs.values()), blocked=True)
+                 if isinstance(scheme, str) else [])
+        return _kernel_or_spec(chain, spec, args, kwargs)
 
     return public

@@ -1,0 +1,213 @@
+r"""The fused forward kernel of the distance form, as Triton source.
+
+One kernel computes every scheme: a program takes ``BM`` queries of one
+batch entry and walks the keys ``BN`` at a time with an online softmax,
+never holding more than a tile of scores. The terms of the distance form
+(`relpos_ref.lowering`) enter through slots, each switched on by a
+``constexpr`` flag, so a call compiles only what it uses:
+
+- ``QW``: a content-position term by distance, ``a_i . A[rows[c]]``. The
+  tile's ``BM + BN - 1`` distances are one window of ``c``; the window's
+  table rows ``A_w (BW, D)`` are multiplied by the query tile once on tensor
+  cores, ``S = a A_w^T (BM, BW)``, and each pair reads its diagonal,
+  ``S[i, j - i + BM - 1]`` (``tl.gather``): memory ``O((t_q + t_k) d)``
+  for any table size;
+- ``KW``: the same from the keys' side, ``S = A_w b^T (BW, BN)``;
+- ``VW``: relative values: the weights are laid out by distance,
+  ``P_w[i, w] = p[i, w + i - (BM - 1)]``, and ``P_w V_w`` joins ``P v``;
+- ``G1``, ``G2``: a float32 array read at ``[i, diff(i, j)]``, added after
+  the scale (a bias row per difference, grid2d's ``q R^T`` pre-multiplied by
+  the scale, plain attention's dense terms), where ``diff`` is the distance
+  or a difference of coordinates loaded per query and key.
+
+Masks (a ``uint8`` array of any broadcast), causal structure with
+``q_offset`` (key tiles wholly in the future are skipped), rows with no
+allowed key (zeros) and rows with an allowed logit that overflowed (NaN, not
+an empty row: an allowed ``-inf`` becomes NaN, a ``+inf`` makes NaN of the
+softmax) are applied per tile.
+
+Precision: products run on tensor cores in the call's dtype with float32
+accumulation (``DOT`` is the operand dtype; float32 operands use
+``PRECISION``, float64 ``"ieee"``). The softmax is float32 (float64 for
+float64 calls, ``ACC``). In 16-bit calls
+the weights ``p`` are split into a high and a low 16-bit part before ``P v``
+(two products, `product`), which keeps the weights to about 2^-22 relative,
+float32's accuracy, where one product would round them to 2^-11 (float16)
+or 2^-8 (bfloat16); so are the float32 operands the lowering computed
+(``*_WIDE``: a rotated ``q`` or ``k``, ``q + u``, projected sinusoids), so
+that a 16-bit call's logits are float32's, as the specification has them.
+
+The same source is compiled for the GPU and, when ``TRITON_INTERPRET=1``
+was set before triton was imported, run by Triton's interpreter on CPU
+tensors (``INTERPRET``: bfloat16 operands are widened to float32 before
+``tl.dot``, which the interpreter would otherwise multiply as raw bits;
+their products are exact in float32 either way).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def product(a, b, A_SPLIT: tl.constexpr, B_SPLIT: tl.constexpr, DOT: tl.constexpr,
+            OPERAND: tl.constexpr, PRECISION: tl.constexpr):
+    """``a b`` on tensor cores in ``DOT``, an operand split in a high and a low part where asked.
+
+    A float32 operand of a 16-bit call (the weights, a rotated ``q``) is
+    ``hi + lo``, both ``DOT``; the products ``hi b + lo b`` (and ``a lo``)
+    keep it to about 2^-22 relative. ``OPERAND`` is the dtype the products
+    take (float32 for bfloat16 in the interpreter).
+    """
+    a_hi = a.to(DOT)
+    b_hi = b.to(DOT)
+    out = tl.dot(a_hi.to(OPERAND), b_hi.to(OPERAND), input_precision=PRECISION)
+    if A_SPLIT:
+        a_lo = (a.to(tl.float32) - a_hi.to(tl.float32)).to(DOT)
+        out += tl.dot(a_lo.to(OPERAND), b_hi.to(OPERAND), input_precision=PRECISION)
+    if B_SPLIT:
+        b_lo = (b.to(tl.float32) - b_hi.to(tl.float32)).to(DOT)
+        out += tl.dot(a_hi.to(OPERAND), b_lo.to(OPERAND), input_precision=PRECISION)
+    return out
+
+
+@triton.jit
+def attention_forward(
+    Q, K, V, Out,
+    sqa, sqb, sqh, sqm, ska, skb, skh, skn, sva, svb, svh, svn, soa, sob, soh, som,
+    n_b, n_h, t_q, t_k, q_offset, scale, n_diff,
+    Mask, sma, smb, smh, smm, smn,
+    QW, swa, swb, swh, swm, TQ, stqh, stqm, RQ,
+    KW, sxa, sxb, sxh, sxn, TK, stkh, stkm, RK,
+    TV, stvh, stvm, RV,
+    G1, s1a, s1b, s1h, s1m, s1c, QC1, KC1, low1,
+    G2, s2a, s2b, s2h, s2m, s2c, QC2, KC2, low2,
+    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_QW: tl.constexpr, HAS_KW: tl.constexpr, HAS_VW: tl.constexpr,
+    NG: tl.constexpr, G1_COORDS: tl.constexpr, G2_COORDS: tl.constexpr,
+    DOT: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+    Q_WIDE: tl.constexpr, K_WIDE: tl.constexpr, QW_WIDE: tl.constexpr, TQ_WIDE: tl.constexpr,
+    TK_WIDE: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_z = tl.program_id(1)
+    a = pid_z // (n_b * n_h)
+    b = (pid_z // n_h) % n_b
+    h = pid_z % n_h
+    i0 = pid_m * BM
+    ii = tl.arange(0, BM)
+    offs_m = i0 + ii
+    offs_d = tl.arange(0, BD)
+    offs_dv = tl.arange(0, BDV)
+    m_ok = offs_m < t_q
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+    if BD == D:  # known in full: loads need no mask along the features
+        d_ok = tl.full([BD], 1, tl.int1)
+    if BDV == DV:
+        dv_ok = tl.full([BDV], 1, tl.int1)
+    WIDE: tl.constexpr = INTERPRET and DOT == tl.bfloat16  # noqa: SIM300
+    OPERAND: tl.constexpr = tl.float32 if WIDE else DOT
+    ACC: tl.constexpr = tl.float64 if DOT == tl.float64 else tl.float32  # noqa: SIM300
+
+    q = tl.load(Q + a * sqa + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :],
+                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    if HAS_QW:
+        qw = tl.load(QW + a * swa + b * swb + h * swh + offs_m[:, None] * swm + offs_d[None, :],
+                     mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    if NG >= 1:
+        g1 = G1 + a * s1a + b * s1b + h * s1h + offs_m[:, None] * s1m
+        if G1_COORDS:
+            qc1 = tl.load(QC1 + offs_m, mask=m_ok, other=0)
+    if NG >= 2:
+        g2 = G2 + a * s2a + b * s2b + h * s2h + offs_m[:, None] * s2m
+        if G2_COORDS:
+            qc2 = tl.load(QC2 + offs_m, mask=m_ok, other=0)
+
+    m_i = tl.full([BM], float("-inf"), ACC)
+    l_i = tl.zeros([BM], ACC)
+    acc = tl.zeros([BM, BDV], ACC)
+    w = tl.arange(0, BW)
+    jj = tl.arange(0, BN)
+
+    hi = t_k
+    if CAUSAL:
+        hi = tl.minimum(t_k, i0 + BM + q_offset)
+    for j0 in range(0, hi, BN):
+        offs_n = j0 + jj
+        n_ok = offs_n < t_k
+        k = tl.load(K + a * ska + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :],
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        s = product(q, tl.trans(k), Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
+        if HAS_QW or HAS_KW or HAS_VW:
+            c = j0 - i0 + t_q - BM + w  # the window's differences
+            c_ok = (c >= 0) & (c < n_diff)
+            diagonal = jj[None, :] - ii[:, None] + (BM - 1)  # window column of each pair
+        if HAS_QW:
+            rq = tl.load(RQ + c, mask=c_ok, other=-1)
+            tq = tl.load(TQ + h * stqh + rq[:, None] * stqm + offs_d[None, :],
+                         mask=(rq[:, None] >= 0) & d_ok[None, :], other=0.0)
+            sw = product(qw, tl.trans(tq), QW_WIDE, TQ_WIDE, DOT, OPERAND, PRECISION)
+            s += tl.gather(sw, diagonal, axis=1)
+        if HAS_KW:
+            kw = tl.load(KW + a * sxa + b * sxb + h * sxh + offs_n[:, None] * sxn
+                         + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            rk = tl.load(RK + c, mask=c_ok, other=-1)
+            tk = tl.load(TK + h * stkh + rk[:, None] * stkm + offs_d[None, :],
+                         mask=(rk[:, None] >= 0) & d_ok[None, :], other=0.0)
+            sk = product(tk, tl.trans(kw), TK_WIDE, False, DOT, OPERAND, PRECISION)
+            s += tl.gather(sk, diagonal, axis=0)
+        s = s * scale
+        inside = m_ok[:, None] & n_ok[None, :]
+        if NG >= 1:
+            if G1_COORDS:
+                kc1 = tl.load(KC1 + offs_n, mask=n_ok, other=0)
+                diff1 = kc1[None, :] - qc1[:, None] - low1
+            else:
+                diff1 = offs_n[None, :] - offs_m[:, None] + t_q - 1
+            s += tl.load(g1 + diff1 * s1c, mask=inside, other=0.0)
+        if NG >= 2:
+            if G2_COORDS:
+                kc2 = tl.load(KC2 + offs_n, mask=n_ok, other=0)
+                diff2 = kc2[None, :] - qc2[:, None] - low2
+            else:
+                diff2 = offs_n[None, :] - offs_m[:, None] + t_q - 1
+            s += tl.load(g2 + diff2 * s2c, mask=inside, other=0.0)
+        allowed = inside
+        if CAUSAL:
+            allowed = allowed & (offs_n[None, :] <= offs_m[:, None] + q_offset)
+        if HAS_MASK:
+            kept = tl.load(Mask + a * sma + b * smb + h * smh + offs_m[:, None] * smm
+                           + offs_n[None, :] * smn, mask=inside, other=0)
+            allowed = allowed & (kept != 0)
+        # an allowed logit that overflowed to -inf is NaN: its row is NaN, not empty
+        s = tl.where(allowed, tl.where(s == float("-inf"), float("nan"), s), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        vals = tl.load(V + a * sva + b * svb + h * svh + offs_n[:, None] * svn
+                       + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+        acc += product(p, vals, SPLIT, False, DOT, OPERAND, PRECISION)
+        if HAS_VW:
+            spread = w[None, :] + ii[:, None] - (BM - 1)  # key column of each window column
+            spread_ok = (spread >= 0) & (spread < BN)
+            pw = tl.gather(p, tl.where(spread_ok, spread, 0), axis=1)
+            pw = tl.where(spread_ok, pw, 0.0)
+            rv = tl.load(RV + c, mask=c_ok, other=-1)
+            tv = tl.load(TV + h * stvh + rv[:, None] * stvm + offs_dv[None, :],
+                         mask=(rv[:, None] >= 0) & dv_ok[None, :], other=0.0)
+            acc += product(pw, tv, SPLIT, False, DOT, OPERAND, PRECISION)
+        m_i = m_new
+
+    # no allowed key: l = 0, zeros; an overflowed logit made l NaN
+    empty = l_i == 0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    out = tl.where(empty[:, None], 0.0, out)
+    tl.store(Out + a * soa + b * sob + h * soh + offs_m[:, None] * som + offs_dv[None, :],
+             out.to(Out.dtype.element_ty), mask=m_ok[:, None] & dv_ok[None, :])

@@ -1,0 +1,175 @@
+"""Every variant of the Triton kernels, built for a GPU that need not be here.
+
+`variants` lowers a typical call of every catalog scheme (a mask, an offset,
+per-head tables, causal and not; float32, float16, bfloat16 and float64) on
+CPU tensors and reads the kernel's arguments and ``constexpr`` options from
+them, exactly as a launch would (`relpos_ref.kernels._triton_launch`).
+`build` compiles one with ``triton.compile`` for a target (Hopper,
+``GPUTarget("cuda", 90, 32)``, by default) and reports what the build says:
+shared memory, registers and spills (from ``ptxas -v`` on the PTX), and
+whether its products use the tensor cores' instructions (``wgmma`` on
+Hopper, ``mma`` before).
+
+Run as a module it prints one JSON line per variant; triton must compile
+(``TRITON_INTERPRET`` unset), and no GPU is needed::
+
+    python -m relpos_ref.kernels._triton_variants
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Build", "build", "variants"]
+
+SCHEMES_WITH = {"grid2d": {"height": 4, "width": 8}, "swin": {"window_height": 4,
+                                                             "window_width": 8}}
+
+
+def _typical(scheme: str, dtype: Any, causal: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    import torch
+
+    from .. import catalog
+
+    entry = catalog.get(scheme)
+    grid = scheme in ("grid2d", "swin")
+    t = 32
+    sizes = {"K": 8, "M": 32, "t_max": 32, "height": 4, "width": 8, "buckets": 32,
+             "d_model": 64, "span": 16, "rows": 32}
+    shapes = entry.table_shapes(entry.sizes_from({"t_q": t, "t_k": t, **sizes}), d=64,
+                                d_v=64, heads=2, include={"values": True, "biases": True,
+                                                          "c2p": True, "p2c": True})
+    rng = np.random.default_rng(0)
+
+    def tensor(*shape: int) -> Any:
+        return torch.tensor(rng.standard_normal(shape), dtype=dtype)
+
+    args = (tensor(2, t, 64), tensor(2, t, 64), tensor(2, t, 64),
+            *entry.table_args({n: tensor(*s) for n, s in shapes.items()}))
+    kwargs: dict[str, Any] = dict(SCHEMES_WITH.get(scheme, {}))
+    kwargs["mask"] = torch.tensor(rng.random((t, t)) < 0.9)
+    if not grid:
+        kwargs.update(q_offset=0, causal=causal)
+    if scheme == "t5":
+        kwargs["max_distance"] = 64
+    if scheme == "plain":
+        kwargs["bias"] = tensor(2, t, t)
+    return args, kwargs
+
+
+def variants() -> dict[str, tuple[list[Any], dict[str, Any]]]:
+    """Name -> the kernel's arguments and ``constexpr`` options, per scheme, dtype and causality.
+
+    Schemes whose options differ only in values share a variant; every
+    distinct set of options appears once.
+    """
+    import torch
+
+    from .. import catalog
+    from ..lowering import lower
+    from ._triton_launch import fits, forward_arguments
+
+    found: dict[str, tuple[list[Any], dict[str, Any]]] = {}
+    seen = set()
+    for scheme in catalog.names(plain=True):
+        for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            for causal in (False, True):
+                if causal and scheme in ("grid2d", "swin"):
+                    continue
+                args, kwargs = _typical(scheme, dtype, causal)
+                entry = catalog.get(scheme)
+                tables = args[3:]
+                form = lower(scheme, *args[:3], *tables, **kwargs)
+                if not fits(form):
+                    msg = f"the typical call of {scheme!r} does not fit the kernel's slots"
+                    raise AssertionError(msg)
+                launch = forward_arguments(form)
+                key = tuple(sorted((k, str(v)) for k, v in launch.constants.items()))
+                if key in seen:
+                    continue
+                seen.add(key)
+                name = f"{entry.name}-{str(dtype).rsplit('.', 1)[-1]}" + ("-causal" * causal)
+                found[name] = (launch.args, launch.constants)
+    return found
+
+
+def _signature(args: list[Any], constants: dict[str, Any]) -> dict[str, str]:
+    from ._triton_forward import attention_forward
+
+    names = attention_forward.arg_names
+    types = {}
+    for name, value in zip(names, args, strict=False):
+        if hasattr(value, "data_ptr"):
+            kind = str(value.dtype).rsplit(".", 1)[-1]
+            types[name] = "*" + {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
+                                 "float64": "fp64", "int32": "i32", "uint8": "u8",
+                                 "int64": "i64"}[kind]
+        elif isinstance(value, bool):
+            types[name] = "i1"
+        elif isinstance(value, int):
+            types[name] = "i32"
+        else:
+            types[name] = "fp32"
+    for name in constants:
+        types[name] = "constexpr"
+    return types
+
+
+class Build(dict):
+    """What one variant's build reports: ``shared``, ``registers``, ``spills``, ``tensor_cores``."""
+
+
+def build(args: list[Any], constants: dict[str, Any], *, capability: int = 90,
+          num_warps: int = 4) -> Build:
+    """Compile one variant for ``sm_<capability>`` and read its resources from the build."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ._triton_forward import attention_forward
+
+    source = ASTSource(fn=attention_forward, signature=_signature(args, constants),
+                       constexprs=dict(constants))
+    compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32),
+                              options={"num_warps": num_warps})
+    ptx = compiled.asm["ptx"]
+    registers, spills = _ptxas_resources(ptx, capability)
+    instruction = "wgmma" if capability >= 90 else "mma"
+    return Build(shared=int(compiled.metadata.shared), registers=registers, spills=spills,
+                 tensor_cores=bool(re.search(rf"\b{instruction}\.", ptx)))
+
+
+def _ptxas_resources(ptx: str, capability: int) -> tuple[int, int]:
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas  # the ptxas triton builds with
+
+    ptxas = get_ptxas(capability).path
+    arch = f"sm_{capability}a" if capability == 90 else f"sm_{capability}"
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "kernel.ptx"
+        path.write_text(ptx)
+        report = subprocess.run([str(ptxas), "-v", f"--gpu-name={arch}", str(path), "-o",
+                                 str(Path(folder) / "kernel.cubin")], capture_output=True,
+                                text=True, check=True).stderr
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", report))
+    return registers, spills
+
+
+def main() -> int:
+    for name, (args, constants) in variants().items():
+        report = build(args, constants)
+        print(json.dumps({"variant": name, **report}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

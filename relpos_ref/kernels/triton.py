@@ -1,0 +1,218 @@
+"""Triton kernels: every scheme fused on the GPU, for CuPy arrays and torch CUDA tensors.
+
+Each scheme's kernel lowers its call to the distance form
+(`relpos_ref.lowering.lower`, the scheme's own checks first, so bad input
+gets the specification's message) and runs one fused kernel
+(`relpos_ref.kernels._triton_forward`): an online softmax over tiles of
+keys with every term read from the form's small arrays, memory
+``O((t_q + t_k) d)`` beside the inputs, no ``(t_q, t_k)`` array.
+
+Which arrays it takes (`accepts`): CuPy arrays; torch tensors on a CUDA
+device; and torch CPU tensors when the interpreter is switched on
+(``RELPOS_TRITON=interpret`` in the environment, or `interpreted`), which
+runs the very same kernel source through Triton's interpreter, slowly, so
+that a machine without a GPU proves it against the specification. With
+``RELPOS_TRITON=0`` no Triton kernel runs.
+
+A kernel returns ``NotImplemented`` (the next kernel, or the specification,
+takes the call) for ``return_weights=True``, ``method="definition"``, an
+empty grid or feature axis, a dtype other than float16, bfloat16, float32
+and float64, features wider than 256, a non-finite value in any floating
+argument (a masked pair's NaN must stay out of the output, which a fused
+``P v`` cannot promise), and calls under tracing (``torch.compile``, a CUDA
+graph's capture). Results are fresh arrays in the dtype of ``v``.
+
+Precision (`PRECISION`): float32 operands multiply with ``input_precision``
+``"ieee"`` by default (``"tf32x3"``, about float32's accuracy on tensor
+cores, and ``"tf32"`` may be chosen); 16-bit operands on tensor cores with
+float32 accumulation and the weights split in two 16-bit parts; the bound is
+stated on the backends page.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+#: ``interpret``: CPU torch tensors run the Triton kernels in Triton's interpreter (and
+#: ``TRITON_INTERPRET=1`` is set if triton is not imported yet); ``0``: no Triton kernel
+#: runs; unset or anything else: CUDA tensors and CuPy arrays.
+ENV_VAR = "RELPOS_TRITON"
+
+if os.environ.get(ENV_VAR, "").strip() == "interpret" and "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read by triton when it is imported
+
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+from .. import _xp, catalog  # noqa: E402
+from ..lowering import lower  # noqa: E402
+from ._blocked_rows import blocked_arguments, check_blocked_arguments  # noqa: E402
+from ._triton_forward import attention_forward  # noqa: E402
+from ._triton_launch import fits, launch_forward  # noqa: E402
+
+__all__ = [
+    "BLOCKED_KERNELS", "ENV_VAR", "INTERPRETER", "KERNELS", "PRECISION", "accepts", "interpreted",
+]
+
+#: ``input_precision`` of float32 products: "ieee" (default), "tf32x3" or "tf32".
+PRECISION = os.environ.get("RELPOS_TRITON_FP32", "ieee")
+
+#: Scheme name (as in `relpos_ref.catalog`) -> its Triton kernel.
+KERNELS: dict[str, Callable[..., Any]] = {}
+
+#: Scheme name -> `relpos_ref.blocked.blocked_attention` of that scheme: the fused kernel
+#: itself, whose tiles already bound its memory (the block size is checked, then unused).
+BLOCKED_KERNELS: dict[str, Callable[..., Any]] = {}
+
+_INTERPRETED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "relpos_triton_interpreted", default=False)
+
+_KERNEL = attention_forward
+
+_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+#: Whether triton runs its interpreter (``TRITON_INTERPRET=1`` when it was imported): the
+#: kernels then run on CPU torch tensors, and only there.
+INTERPRETER = isinstance(_KERNEL, InterpretedFunction)
+
+
+@contextlib.contextmanager
+def interpreted() -> Iterator[None]:
+    """Route CPU torch tensors through the Triton kernels, run by Triton's interpreter.
+
+    A `RuntimeError` when triton was imported without ``TRITON_INTERPRET=1``
+    (its functions are then compiled for a GPU, and cannot be interpreted).
+
+    Examples
+    --------
+    >>> import torch
+    >>> import relpos_ref as rp
+    >>> from relpos_ref import kernels
+    >>> q = k = v = torch.eye(4, dtype=torch.float64)
+    >>> with interpreted():
+    ...     kernels.kernel_for("alibi", (q, k, v)).__name__
+    'alibi_attention_triton'
+    """
+    if not INTERPRETER:
+        msg = ("Triton's interpreter is off: set TRITON_INTERPRET=1 (or RELPOS_TRITON=interpret) "
+               "in the environment before triton is imported")
+        raise RuntimeError(msg)
+    token = _INTERPRETED.set(True)
+    try:
+        yield
+    finally:
+        _INTERPRETED.reset(token)
+
+
+def _interpreting() -> bool:
+    return _INTERPRETED.get() or os.environ.get(ENV_VAR, "").strip() == "interpret"
+
+
+def accepts(arrays: tuple[Any, ...]) -> bool:
+    """Whether the Triton kernels take these arrays (one library; see the module docstring).
+
+    Examples
+    --------
+    >>> import torch
+    >>> accepts((torch.zeros(2),))  # a CPU tensor, no interpreter
+    False
+    """
+    if os.environ.get(ENV_VAR, "").strip() == "0":
+        return False
+    found = [a for a in arrays if hasattr(a, "shape") and hasattr(a, "dtype")]
+    if not found:
+        return False
+    library = _xp.library_name(found[0])
+    if library == "cupy":
+        return True
+    if library != "torch":
+        return False
+    devices = {a.device.type for a in found}
+    if INTERPRETER:
+        return devices == {"cpu"} and _interpreting()
+    return devices == {"cuda"} and not _traced()
+
+
+def _traced() -> bool:
+    import torch
+
+    return torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()
+
+
+def _finite(xp: Any, arrays: list[Any]) -> bool:
+    # one read back: a sum is finite only when every entry is (an overflowing sum only
+    # hands the call to the specification)
+    sums = [xp.sum(xp.astype(a, xp.float32) if a.dtype != xp.float64 else a)
+            for a in arrays if a is not None and _xp.size(a)]
+    return not sums or bool(xp.all(xp.isfinite(xp.stack(sums))))
+
+
+def _kernel(name: str) -> Callable[..., Any]:
+    entry = catalog.get(name)
+    signature = inspect.signature(entry.attention)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        try:
+            given = dict(signature.bind(*args, **kwargs).arguments)
+        except TypeError:
+            return NotImplemented  # the specification says what is wrong
+        if (given.pop("return_weights", False) is not False
+                or given.pop("method", "efficient") != "efficient"):
+            return NotImplemented
+        q, k, v = given.pop("q"), given.pop("k"), given.pop("v")
+        tables = [given.pop(t.name, None) for t in entry.tables]
+        arrays = [a for a in (q, k, v, *tables, *given.values()) if _is_array(a)]
+        if not accepts(tuple(arrays)) or len({str(a.device) for a in arrays}) != 1:
+            return NotImplemented
+        if str(v.dtype).rsplit(".", 1)[-1] not in _DTYPES:
+            return NotImplemented
+        while tables and tables[-1] is None:
+            tables.pop()
+        form = lower(name, q, k, v, *tables, **given)
+        call = form.call
+        xp = call.xp
+        floating = [a for a in arrays if xp.isdtype(a.dtype, "real floating")]
+        if (0 in (call.t_q, call.t_k, q.shape[-1], v.shape[-1]) or not fits(form)
+                or not _finite(xp, floating)):
+            return NotImplemented
+        return launch_forward(form, _KERNEL, interpret=INTERPRETER, precision=PRECISION)
+
+    kernel.__name__ = kernel.__qualname__ = f"{name}_attention_triton"
+    kernel.__doc__ = f"`{entry.attention.__name__}` fused in Triton (see the module docstring)."
+    return kernel
+
+
+def _blocked_kernel(name: str) -> Callable[..., Any]:
+    forward = KERNELS[name]
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        arguments = blocked_arguments(args, kwargs, scheme=name)
+        if arguments is None:
+            return NotImplemented  # the specification says what is wrong
+        given, arrays = arguments
+        if not accepts(tuple(arrays)):
+            return NotImplemented
+        check_blocked_arguments(given)  # the specification's checks, block size included
+        return forward(given["q"], given["k"], given["v"], *given["tables"],
+                       scale=given["scale"], mask=given["mask"], causal=given["causal"],
+                       q_offset=given["q_offset"], **given["params"])
+
+    kernel.__name__ = kernel.__qualname__ = f"{name}_blocked_attention_triton"
+    kernel.__doc__ = (f"`blocked_attention(..., scheme={name!r})` by the fused kernel, whose "
+                      "memory is O((t_q + t_k) d) whatever the block (see the module docstring).")
+    return kernel
+
+
+def _is_array(x: Any) -> bool:
+    return x is not None and hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+for _name in catalog.names(plain=True):
+    KERNELS[_name] = _kernel(_name)
+    BLOCKED_KERNELS[_name] = _blocked_kernel(_name)
+del _name
