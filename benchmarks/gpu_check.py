@@ -13,14 +13,15 @@ keeps what it measured):
    materialized as a ``(1, h, t, t)`` mask, FlexAttention (compiled) with a
    bias ``score_mod``, and the array-API specification on CuPy (plain and
    bias, float32); the largest difference of each against its reference;
-3. ``tiles``: plain and bias under other tile sizes, warps and float32
-   precisions, to choose the defaults;
+3. ``tiles``: bias, Shaw and DeBERTa under other tiles, warps and pipeline
+   stages, to choose the defaults (`relpos_ref.kernels._triton_launch.TILES`);
 4. ``blocked``: `relpos_ref.blocked_attention` at ``--t-blocked`` (262144),
    one head, time and the GPU memory it takes beyond its inputs;
 5. ``kernels``: the Triton kernels' proofs (``tests/test_kernels_triton.py``,
    ``tests/test_lowering.py``) compiled on the GPU;
-6. ``suite``: the test suite with ``RELPOS_BACKENDS=cupy,torch``, for what is
-   left of ``--budget`` seconds.
+6. ``suite``: the backend-parametrized tests of the specification and the
+   kernels with ``RELPOS_BACKENDS=cupy,torch``, for what is left of
+   ``--budget`` seconds.
 
 It also writes ``DIR/gpu_check.md``, the table for ``benchmarks/RESULTS.md``.
 """
@@ -43,6 +44,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMES = ("plain", "bias", "t5", "alibi", "rope", "shaw", "deberta")
 LABELS = {"shaw": "shaw K+V"}
+SUITE = ["tests/test_attention.py", "tests/test_schemes.py", "tests/test_kernels_torch.py",
+         "tests/test_blocked.py", "tests/test_fresh_arrays.py", "tests/test_gradients.py",
+         "tests/test_layouts.py", "tests/test_positions.py", "tests/test_numerics.py"]
 
 
 def _sync(library: str) -> None:
@@ -209,26 +213,28 @@ def tiles(args) -> list[dict[str, Any]]:
     from relpos_ref.kernels import triton as kt
 
     found = []
+    grid = {("float16", "bias"): [(64, 64, 4, s) for s in (2, 3, 4)] + [(128, 64, 8, 3)],
+            ("float16", "shaw"): [(64, 64, 8, 3), (64, 64, 4, 3), (32, 32, 4, 3)],
+            ("float16", "deberta"): [(64, 64, 8, 3), (32, 32, 4, 3)],
+            ("float32", "bias"): [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3)],
+            ("float32", "shaw"): [(32, 32, 4, 3), (64, 32, 4, 2)]}
     for dtype in ("float16", "float32"):
         calls = _calls("torch", dtype, args.heads, args.t, 64)
-        for scheme in ("plain", "bias", "shaw"):
-            for bm, bn, warps in ((64, 64, 4), (64, 64, 8), (128, 64, 4), (128, 64, 8),
-                                  (128, 32, 4), (32, 32, 4)):
-                for precision in (("ieee", "tf32x3") if dtype == "float32" else ("ieee",)):
-                    key = {False: (bm, bn), True: (bm, bn)}
-                    with mock.patch.dict(_triton_launch.BLOCK, key), \
-                            mock.patch.dict(_triton_launch.WARPS, {False: warps, True: warps}), \
-                            mock.patch.object(kt, "PRECISION", precision):
-                        try:
-                            seconds = _timed("torch", calls[scheme], args.repeat)
-                            found.append({"dtype": dtype, "scheme": scheme, "tile": [bm, bn],
-                                          "warps": warps, "precision": precision,
-                                          "seconds": seconds})
-                        except Exception as exc:
-                            found.append({"dtype": dtype, "scheme": scheme, "tile": [bm, bn],
-                                          "warps": warps, "precision": precision,
-                                          "error": f"{type(exc).__name__}: {exc}"[:200]})
-                    print(found[-1], flush=True)
+        for (kind, scheme), configs in grid.items():
+            if kind != dtype:
+                continue
+            for bm, bn, warps, stages in configs:
+                tile = dict.fromkeys(_triton_launch.TILES, (bm, bn, warps))
+                row = {"dtype": dtype, "scheme": scheme, "tile": [bm, bn], "warps": warps,
+                       "stages": stages, "precision": kt.PRECISION}
+                with mock.patch.dict(_triton_launch.TILES, tile), \
+                        mock.patch.object(_triton_launch, "STAGES", stages):
+                    try:
+                        row["seconds"] = _timed("torch", calls[scheme], args.repeat)
+                    except Exception as exc:
+                        row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+                found.append(row)
+                print(row, flush=True)
         del calls
     return found
 
@@ -356,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         save()
     if "suite" in sections:
         left = args.budget - (time.perf_counter() - start)
-        results["suite"] = _pytest(["tests"], {"RELPOS_BACKENDS": "cupy,torch",
+        results["suite"] = _pytest(SUITE, {"RELPOS_BACKENDS": "cupy,torch",
                                                "TRITON_INTERPRET": "0"},
                                    timeout=max(30.0, left), workers=14)
         save()

@@ -44,6 +44,11 @@ TOL = {"float64": {"rtol": 1e-10, "atol": 1e-12}, "float32": {"rtol": 2e-4, "ato
        "float16": {"rtol": 2.5e-3, "atol": 1e-3}, "bfloat16": {"rtol": 2e-2, "atol": 8e-3}}
 
 
+def _small_tiles():
+    """Tiles of 16 queries and keys, so that calls of a few dozen span several."""
+    return mock.patch.dict(_triton_launch.TILES, dict.fromkeys(_triton_launch.TILES, (16, 16, 4)))
+
+
 def _public(scheme):
     return "attention" if scheme == "plain" else f"{scheme}_attention"
 
@@ -92,7 +97,7 @@ def test_kernel_equals_the_specification(scheme, data, dtype):
     kwargs.pop("return_weights")
     args, kwargs = _on(DTYPES[dtype], args, kwargs)
     want = _outcome(lambda: _spec(scheme, args, kwargs))
-    with mock.patch.dict(_triton_launch.BLOCK, {False: (16, 16), True: (16, 16)}):
+    with _small_tiles():
         got = _outcome(lambda: _run(scheme, args, kwargs))
     empty = 0 in (args[0].shape[-2], args[1].shape[-2])
     if got[1] is NotImplemented:
@@ -128,9 +133,29 @@ def test_causal_calls_reach_the_last_key_a_tile_may_see(q_offset):
     data = np.random.default_rng(3)
     q, k, v = (_tensor(data.standard_normal((2, t, 16)), torch.float64) for t in (32, 48, 48))
     kwargs = {"causal": True, "q_offset": q_offset}
-    with mock.patch.dict(_triton_launch.BLOCK, {False: (16, 16), True: (16, 16)}):
+    with _small_tiles():
         got = _run("plain", (q, k, v), kwargs)
     _assert_close(got, _spec("plain", (q, k, v), kwargs), "float64")
+
+
+@pytest.mark.parametrize("max_distance", range(18))
+def test_tiles_at_the_ends_of_the_table_read_one_row(max_distance):
+    """A tile wholly beyond the band reads one row per end, and no tile next to the band does.
+
+    Tiles of 16 and every K from 0 to 17 put the band's edge at every place
+    of a tile's window of 31 distances.
+    """
+    data = np.random.default_rng(max_distance)
+    q, k, v = (_tensor(data.standard_normal((2, 48, 16)), torch.float64) for _ in range(3))
+    rows = 2 * max_distance + 1
+    tables = [_tensor(data.standard_normal((rows, 16)), torch.float64),
+              _tensor(data.standard_normal((rows, 16)), torch.float64)]
+    span = max(max_distance, 1)  # DeBERTa: rows for -(S - 1) .. S
+    deberta = [_tensor(data.standard_normal((2 * span, 16)), torch.float64) for _ in range(2)]
+    for scheme, args in (("shaw", (q, k, v, *tables)), ("deberta", (q, k, v, *deberta))):
+        with _small_tiles():
+            got = _run(scheme, args, {"q_offset": 3})
+        _assert_close(got, _spec(scheme, args, {"q_offset": 3}), "float64")
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

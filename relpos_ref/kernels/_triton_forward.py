@@ -14,7 +14,13 @@ never holding more than a tile of scores. The terms of the distance form
   for any table size;
 - ``KW``: the same from the keys' side, ``S = A_w b^T (BW, BN)``;
 - ``VW``: relative values: the weights are laid out by distance,
-  ``P_w[i, w] = p[i, w + i - (BM - 1)]``, and ``P_w V_w`` joins ``P v``;
+  ``P_w[i, w] = p[i, w + i - (BM - 1)]``, and ``P_w V_w`` joins ``P v``.
+
+  A tile whose window lies wholly at one end of the maps (``c <= c_lo``,
+  where every row is the first, or ``c >= c_hi``, every row the last: the
+  clipped distances of Shaw's or Music's tables, most tiles of a long call)
+  needs none of this: its terms are one row each end, ``a_i . A[first]``
+  (per query, computed once), ``b_j . B[first]`` and ``(sum_j p_ij) V[first]``;
 - ``G1``, ``G2``: a float32 array read at ``[i, diff(i, j)]``, added after
   the scale (a bias row per difference, grid2d's ``q R^T`` pre-multiplied by
   the scale, plain attention's dense terms), where ``diff`` is the distance
@@ -76,7 +82,7 @@ def product(a, b, A_SPLIT: tl.constexpr, B_SPLIT: tl.constexpr, DOT: tl.constexp
 def attention_forward(
     Q, K, V, Out,
     sqa, sqb, sqh, sqm, ska, skb, skh, skn, sva, svb, svh, svn, soa, sob, soh, som,
-    n_b, n_h, t_q, t_k, q_offset, scale, n_diff,
+    n_b, n_h, t_q, t_k, q_offset, scale, n_diff, c_lo, c_hi,
     Mask, sma, smb, smh, smm, smn,
     QW, swa, swb, swh, swm, TQ, stqh, stqm, RQ,
     KW, sxa, sxb, sxh, sxn, TK, stkh, stkm, RK,
@@ -105,10 +111,6 @@ def attention_forward(
     m_ok = offs_m < t_q
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
-    if BD == D:  # known in full: loads need no mask along the features
-        d_ok = tl.full([BD], 1, tl.int1)
-    if BDV == DV:
-        dv_ok = tl.full([BDV], 1, tl.int1)
     WIDE: tl.constexpr = INTERPRET and DOT == tl.bfloat16  # noqa: SIM300
     OPERAND: tl.constexpr = tl.float32 if WIDE else DOT
     ACC: tl.constexpr = tl.float64 if DOT == tl.float64 else tl.float32  # noqa: SIM300
@@ -127,6 +129,34 @@ def attention_forward(
         if G2_COORDS:
             qc2 = tl.load(QC2 + offs_m, mask=m_ok, other=0)
 
+    if HAS_QW:  # the terms of tiles wholly beyond the band of the maps: one row each end
+        rq0 = tl.load(RQ)
+        rq1 = tl.load(RQ + n_diff - 1)
+        tq0 = tl.load(TQ + h * stqh + rq0 * stqm + offs_d,
+                        mask=d_ok & (offs_d * 0 + rq0 >= 0), other=0.0)
+        tq1 = tl.load(TQ + h * stqh + rq1 * stqm + offs_d,
+                        mask=d_ok & (offs_d * 0 + rq1 >= 0), other=0.0)
+        q_first = tl.sum(qw.to(ACC) * tq0.to(ACC)[None, :], axis=1)
+        q_last = tl.sum(qw.to(ACC) * tq1.to(ACC)[None, :], axis=1)
+    if HAS_KW:
+        rk0 = tl.load(RK)
+        rk1 = tl.load(RK + n_diff - 1)
+        tk0 = tl.load(TK + h * stkh + rk0 * stkm + offs_d,
+                        mask=d_ok & (offs_d * 0 + rk0 >= 0), other=0.0)
+        tk1 = tl.load(TK + h * stkh + rk1 * stkm + offs_d,
+                        mask=d_ok & (offs_d * 0 + rk1 >= 0), other=0.0)
+        tk0 = tk0.to(ACC)
+        tk1 = tk1.to(ACC)
+    if HAS_VW:
+        rv0 = tl.load(RV)
+        rv1 = tl.load(RV + n_diff - 1)
+        tv0 = tl.load(TV + h * stvh + rv0 * stvm + offs_dv,
+                        mask=dv_ok & (offs_dv * 0 + rv0 >= 0), other=0.0)
+        tv1 = tl.load(TV + h * stvh + rv1 * stvm + offs_dv,
+                        mask=dv_ok & (offs_dv * 0 + rv1 >= 0), other=0.0)
+        tv0 = tv0.to(ACC)
+        tv1 = tv1.to(ACC)
+
     m_i = tl.full([BM], float("-inf"), ACC)
     l_i = tl.zeros([BM], ACC)
     acc = tl.zeros([BM, BDV], ACC)
@@ -143,23 +173,37 @@ def attention_forward(
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         s = product(q, tl.trans(k), Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
         if HAS_QW or HAS_KW or HAS_VW:
-            c = j0 - i0 + t_q - BM + w  # the window's differences
-            c_ok = (c >= 0) & (c < n_diff)
-            diagonal = jj[None, :] - ii[:, None] + (BM - 1)  # window column of each pair
+            # the window's differences c0 .. c0 + BM + BN - 2: wholly at one end of the
+            # maps (every row the first, or every row the last), or in their band
+            c0 = j0 - i0 + t_q - BM
+            past = c0 + (BM + BN - 2) <= c_lo
+            future = c0 >= c_hi
+            edge = past | future
         if HAS_QW:
-            rq = tl.load(RQ + c, mask=c_ok, other=-1)
-            tq = tl.load(TQ + h * stqh + rq[:, None] * stqm + offs_d[None, :],
-                         mask=(rq[:, None] >= 0) & d_ok[None, :], other=0.0)
-            sw = product(qw, tl.trans(tq), QW_WIDE, TQ_WIDE, DOT, OPERAND, PRECISION)
-            s += tl.gather(sw, diagonal, axis=1)
+            if edge:
+                s += tl.where(past, q_first, q_last)[:, None]
+            else:
+                c = c0 + w
+                rq = tl.load(RQ + c, mask=(c >= 0) & (c < n_diff), other=-1)
+                tq = tl.load(TQ + h * stqh + rq[:, None] * stqm + offs_d[None, :],
+                             mask=(rq[:, None] >= 0) & d_ok[None, :], other=0.0)
+                sw = product(qw, tl.trans(tq), QW_WIDE, TQ_WIDE, DOT, OPERAND, PRECISION)
+                diagonal = jj[None, :] - ii[:, None] + (BM - 1)  # window column of each pair
+                s += tl.gather(sw, diagonal, axis=1)
         if HAS_KW:
             kw = tl.load(KW + a * sxa + b * sxb + h * sxh + offs_n[:, None] * sxn
                          + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-            rk = tl.load(RK + c, mask=c_ok, other=-1)
-            tk = tl.load(TK + h * stkh + rk[:, None] * stkm + offs_d[None, :],
-                         mask=(rk[:, None] >= 0) & d_ok[None, :], other=0.0)
-            sk = product(tk, tl.trans(kw), TK_WIDE, False, DOT, OPERAND, PRECISION)
-            s += tl.gather(sk, diagonal, axis=0)
+            if edge:
+                row = tl.where(past, tk0, tk1)
+                s += tl.sum(kw.to(ACC) * row[None, :], axis=1)[None, :]
+            else:
+                c = c0 + w
+                rk = tl.load(RK + c, mask=(c >= 0) & (c < n_diff), other=-1)
+                tk = tl.load(TK + h * stkh + rk[:, None] * stkm + offs_d[None, :],
+                             mask=(rk[:, None] >= 0) & d_ok[None, :], other=0.0)
+                sk = product(tk, tl.trans(kw), TK_WIDE, False, DOT, OPERAND, PRECISION)
+                diagonal = jj[None, :] - ii[:, None] + (BM - 1)
+                s += tl.gather(sk, diagonal, axis=0)
         s = s * scale
         inside = m_ok[:, None] & n_ok[None, :]
         if NG >= 1:
@@ -195,14 +239,18 @@ def attention_forward(
                        + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
         acc += product(p, vals, SPLIT, False, DOT, OPERAND, PRECISION)
         if HAS_VW:
-            spread = w[None, :] + ii[:, None] - (BM - 1)  # key column of each window column
-            spread_ok = (spread >= 0) & (spread < BN)
-            pw = tl.gather(p, tl.where(spread_ok, spread, 0), axis=1)
-            pw = tl.where(spread_ok, pw, 0.0)
-            rv = tl.load(RV + c, mask=c_ok, other=-1)
-            tv = tl.load(TV + h * stvh + rv[:, None] * stvm + offs_dv[None, :],
-                         mask=(rv[:, None] >= 0) & dv_ok[None, :], other=0.0)
-            acc += product(pw, tv, SPLIT, False, DOT, OPERAND, PRECISION)
+            if edge:
+                acc += tl.sum(p, axis=1)[:, None] * tl.where(past, tv0, tv1)[None, :]
+            else:
+                spread = w[None, :] + ii[:, None] - (BM - 1)  # key column of each window column
+                spread_ok = (spread >= 0) & (spread < BN)
+                pw = tl.gather(p, tl.where(spread_ok, spread, 0), axis=1)
+                pw = tl.where(spread_ok, pw, 0.0)
+                c = c0 + w
+                rv = tl.load(RV + c, mask=(c >= 0) & (c < n_diff), other=-1)
+                tv = tl.load(TV + h * stvh + rv[:, None] * stvm + offs_dv[None, :],
+                             mask=(rv[:, None] >= 0) & dv_ok[None, :], other=0.0)
+                acc += product(pw, tv, SPLIT, False, DOT, OPERAND, PRECISION)
         m_i = m_new
 
     # no allowed key: l = 0, zeros; an overflowed logit made l NaN

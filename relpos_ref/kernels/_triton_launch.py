@@ -23,16 +23,19 @@ from typing import Any, NamedTuple
 from .. import _xp
 from ..lowering import DistanceForm
 
-__all__ = ["BLOCK", "Launch", "fits", "forward_arguments", "launch_forward", "tile_sizes"]
+__all__ = ["TILES", "Launch", "fits", "forward_arguments", "launch_forward", "tile_sizes"]
 
 #: Largest feature widths the kernel takes (padded to a power of two, at least 16).
 MAX_WIDTH = 256
 
-#: Tiles (queries, keys) by whether a call has window terms (QW, KW or VW).
-BLOCK = {False: (64, 64), True: (64, 64)}
-
-#: Warps per program, likewise.
-WARPS = {False: 4, True: 8}
+#: ``(queries, keys, warps)`` of a program by whether the call has window terms (QW, KW or
+#: VW) and by the bytes of its operands (2: float16 and bfloat16, 4, 8). Chosen on an H200
+#: (benchmarks/gpu_check.py's ``tiles``) among those that fit its shared memory.
+TILES = {
+    (False, 2): (64, 64, 4), (True, 2): (64, 64, 8),
+    (False, 4): (128, 64, 8), (True, 4): (32, 32, 4),
+    (False, 8): (32, 32, 4), (True, 8): (32, 32, 4),
+}
 
 _STREAM_LOCK = threading.Lock()
 
@@ -41,11 +44,20 @@ def _power_of_two(n: int) -> int:
     return max(16, 1 << (max(n, 1) - 1).bit_length())
 
 
-def tile_sizes(form: DistanceForm) -> tuple[int, int, int]:
-    """``(BM, BN, BW)``: queries and keys per tile, and the window of their distances."""
-    windowed = bool(form.query_terms or form.key_terms or form.values)
-    bm, bn = BLOCK[windowed]
-    return bm, bn, _power_of_two(bm + bn - 1) if windowed else 16
+def tile_sizes(form: DistanceForm) -> tuple[int, int, int, int]:
+    """``(BM, BN, BW, warps)``: queries and keys per tile, the window of their distances, warps."""
+    windowed = any(t.index.by_distance for t in (*form.query_terms, *form.key_terms,
+                                                  *form.values))
+    bm, bn, warps = TILES[windowed, min(8, max(2, _itemsize(form.v)))]
+    return bm, bn, _power_of_two(bm + bn - 1) if windowed else 16, warps
+
+
+#: Software-pipelining stages of the key loop; ``None``: Triton's default for the GPU.
+STAGES: int | None = None
+
+
+def _itemsize(x: Any) -> int:
+    return int(x.itemsize) if hasattr(x, "itemsize") else x.element_size()
 
 
 def fits(form: DistanceForm) -> bool:
@@ -174,6 +186,7 @@ class Launch(NamedTuple):
     args: list[Any]
     constants: dict[str, Any]
     grid: tuple[int, int]
+    warps: int
     out: Any
     shape: tuple[int, ...]
 
@@ -182,14 +195,14 @@ def launch_forward(form: DistanceForm, kernel: Any, *, interpret: bool, precisio
     """Run the fused forward kernel on a form that `fits`; the output ``(*batch, t_q, d_v)``."""
     launch = forward_arguments(form, interpret=interpret, precision=precision)
     with _on_device_of(form.v):
-        windowed = launch.constants["BW"] > 16
+        options = {} if STAGES is None else {"num_stages": STAGES}
         kernel[launch.grid](*(_arg(a) for a in launch.args), **launch.constants,
-                            num_warps=WARPS[windowed])
+                            num_warps=launch.warps, **options)
     return form.call.xp.reshape(launch.out, launch.shape)
 
 
 def forward_arguments(form: DistanceForm, *, interpret: bool = False,
-                      precision: str = "ieee") -> Launch:
+                      precision: str = "tf32x3") -> Launch:
     """The arguments of the forward kernel for a form that `fits` (the output allocated)."""
     import triton.language as tl
 
@@ -215,16 +228,18 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
     out = xp.empty((n_z // (n_b * n_h), n_b, n_h, t_q, d_v), dtype=dtype, device=device)
     so = _strides(out)
     n_diff = t_q + t_k - 1
+    window_q = [t for t in form.query_terms if t.index.by_distance]
     dummy_int = xp.zeros((1,), dtype=xp.int32, device=device)
+    c_lo, c_hi = _constant_ends(xp, [t.index.rows for t in (*window_q, *form.key_terms,
+                                                            *form.values)], n_diff)
     args: list[Any] = [qa, ka, va, out, *sq[:4], *sk[:4], *sv[:4], *so[:4],
-                       n_b, n_h, t_q, t_k, call.q_offset, float(call.scale), n_diff]
+                       n_b, n_h, t_q, t_k, call.q_offset, float(call.scale), n_diff, c_lo, c_hi]
     if form.mask is not None:
         mask = xp.astype(form.mask, xp.uint8)
         ma, sm = _leading(mask, batch, (t_q, t_k), xp)
         args += [ma, *sm]
     else:
         args += [dummy_int, 0, 0, 0, 0, 0]
-    window_q = [t for t in form.query_terms if t.index.by_distance]
     for terms in (window_q, form.key_terms):
         if terms:
             (term,) = terms
@@ -257,7 +272,7 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
         else:
             args += [qa, 0, 0, 0, 0, 0, dummy_int, dummy_int, 0]
             coords.append(False)
-    bm, bn, bw = tile_sizes(form)
+    bm, bn, bw, warps = tile_sizes(form)
     dot = {"float16": tl.float16, "bfloat16": tl.bfloat16, "float32": tl.float32,
            "float64": tl.float64}[str(dtype).rsplit(".", 1)[-1]]
     sixteen = dot in (tl.float16, tl.bfloat16)
@@ -274,7 +289,28 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
         TK_WIDE=sixteen and bool(form.key_terms) and _wide(xp, form.key_terms[0].table),
     )
     shape = (*batch, t_q, d_v) if batch != (1,) or q.ndim > 2 else (t_q, d_v)
-    return Launch(args, constants, (triton_cdiv(t_q, bm), n_z), out, shape)
+    return Launch(args, constants, (triton_cdiv(t_q, bm), n_z), warps, out, shape)
+
+
+def _constant_ends(xp: Any, maps: list[Any], n: int) -> tuple[int, int]:
+    """``(c_lo, c_hi)``: each map's row is its first for ``c <= c_lo``, its last for ``c >= c_hi``.
+
+    Over several maps, the ends they all share (the narrowest). One read back
+    of a few integers; ``(-1, n)`` when there is no map.
+    """
+    ends = []
+    for rows in maps:
+        ones = xp.ones((n,), dtype=xp.int32, device=_xp.device(rows))
+        position = xp.cumulative_sum(ones)  # 1 .. n
+        first = xp.astype(rows == rows[0], xp.int32)
+        last = xp.astype(xp.flip(rows) == rows[-1], xp.int32)
+        # the length of the leading run: where the running count still equals the position
+        ends.append(xp.stack([xp.sum(xp.astype(xp.cumulative_sum(first) == position, xp.int32)),
+                              xp.sum(xp.astype(xp.cumulative_sum(last) == position, xp.int32))]))
+    if not ends:
+        return -1, n
+    runs = xp.stack(ends).tolist()
+    return min(lead for lead, _ in runs) - 1, n - min(trail for _, trail in runs)
 
 
 def _wide(xp: Any, x: Any) -> bool:

@@ -64,11 +64,14 @@ def _typical(scheme: str, dtype: Any, causal: bool) -> tuple[tuple[Any, ...], di
     return args, kwargs
 
 
-def variants() -> dict[str, tuple[list[Any], dict[str, Any]]]:
-    """Name -> the kernel's arguments and ``constexpr`` options, per scheme, dtype and causality.
+def variants(schemes: tuple[str, ...] | None = None, dtypes: tuple[str, ...] | None = None,
+             causal: tuple[bool, ...] = (False, True),
+             ) -> dict[str, tuple[list[Any], dict[str, Any], int]]:
+    """Name -> the kernel's arguments, ``constexpr`` options and warps, per scheme and dtype.
 
-    Schemes whose options differ only in values share a variant; every
-    distinct set of options appears once.
+    Causal and not; schemes whose options differ only in values share a
+    variant, so every distinct set of options appears once. `schemes` and
+    `dtypes` (names) choose a part; `causal`, which causal structures.
     """
     import torch
 
@@ -78,12 +81,13 @@ def variants() -> dict[str, tuple[list[Any], dict[str, Any]]]:
 
     found: dict[str, tuple[list[Any], dict[str, Any]]] = {}
     seen = set()
-    for scheme in catalog.names(plain=True):
-        for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-            for causal in (False, True):
-                if causal and scheme in ("grid2d", "swin"):
+    for scheme in schemes or catalog.names(plain=True):
+        for dtype in (getattr(torch, n) for n in dtypes or ("float32", "float16", "bfloat16",
+                                                             "float64")):
+            for structure in causal:
+                if structure and scheme in ("grid2d", "swin"):
                     continue
-                args, kwargs = _typical(scheme, dtype, causal)
+                args, kwargs = _typical(scheme, dtype, structure)
                 entry = catalog.get(scheme)
                 tables = args[3:]
                 form = lower(scheme, *args[:3], *tables, **kwargs)
@@ -95,8 +99,8 @@ def variants() -> dict[str, tuple[list[Any], dict[str, Any]]]:
                 if key in seen:
                     continue
                 seen.add(key)
-                name = f"{entry.name}-{str(dtype).rsplit('.', 1)[-1]}" + ("-causal" * causal)
-                found[name] = (launch.args, launch.constants)
+                name = f"{entry.name}-{str(dtype).rsplit('.', 1)[-1]}" + ("-causal" * structure)
+                found[name] = (launch.args, launch.constants, launch.warps)
     return found
 
 
@@ -123,7 +127,11 @@ def _signature(args: list[Any], constants: dict[str, Any]) -> dict[str, str]:
 
 
 class Build(dict):
-    """What one variant's build reports: ``shared``, ``registers``, ``spills``, ``tensor_cores``."""
+    """One variant's build: ``shared``, ``registers``, ``spills``, ``tensor_cores``, ``wgmma``.
+
+    ``tensor_cores``: its products use the tensor cores (``wgmma`` or
+    ``mma``); ``wgmma``: Hopper's warp-group instructions in particular.
+    """
 
 
 def build(args: list[Any], constants: dict[str, Any], *, capability: int = 90,
@@ -141,9 +149,9 @@ def build(args: list[Any], constants: dict[str, Any], *, capability: int = 90,
                               options={"num_warps": num_warps})
     ptx = compiled.asm["ptx"]
     registers, spills = _ptxas_resources(ptx, capability)
-    instruction = "wgmma" if capability >= 90 else "mma"
     return Build(shared=int(compiled.metadata.shared), registers=registers, spills=spills,
-                 tensor_cores=bool(re.search(rf"\b{instruction}\.", ptx)))
+                 tensor_cores=bool(re.search(r"\b(?:wgmma|mma)\.", ptx)),
+                 wgmma=bool(re.search(r"\bwgmma\.", ptx)))
 
 
 def _ptxas_resources(ptx: str, capability: int) -> tuple[int, int]:
@@ -164,10 +172,20 @@ def _ptxas_resources(ptx: str, capability: int) -> tuple[int, int]:
     return registers, spills
 
 
-def main() -> int:
-    for name, (args, constants) in variants().items():
-        report = build(args, constants)
-        print(json.dumps({"variant": name, **report}), flush=True)
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Build the Triton kernels' variants for sm_90.")
+    parser.add_argument("--schemes", help="comma-separated catalog names (default: all)")
+    parser.add_argument("--dtypes", help="comma-separated dtype names (default: all four)")
+    parser.add_argument("--not-causal", action="store_true", help="only calls without causal")
+    args = parser.parse_args(argv)
+    chosen = variants(tuple(args.schemes.split(",")) if args.schemes else None,
+                      tuple(args.dtypes.split(",")) if args.dtypes else None,
+                      causal=(False,) if args.not_causal else (False, True))
+    for name, (arguments, constants, warps) in chosen.items():
+        report = build(arguments, constants, num_warps=warps)
+        print(json.dumps({"variant": name, "warps": warps, **report}), flush=True)
     return 0
 
 

@@ -59,8 +59,9 @@ __all__ = [
     "BLOCKED_KERNELS", "ENV_VAR", "INTERPRETER", "KERNELS", "PRECISION", "accepts", "interpreted",
 ]
 
-#: ``input_precision`` of float32 products: "ieee" (default), "tf32x3" or "tf32".
-PRECISION = os.environ.get("RELPOS_TRITON_FP32", "ieee")
+#: ``input_precision`` of float32 products: "tf32x3" (default: three tensor-core products,
+#: about float32's accuracy), "ieee" (no tensor cores) or "tf32" (10-bit operands).
+PRECISION = os.environ.get("RELPOS_TRITON_FP32", "tf32x3")
 
 #: Scheme name (as in `relpos_ref.catalog`) -> its Triton kernel.
 KERNELS: dict[str, Callable[..., Any]] = {}

@@ -1,0 +1,50 @@
+"""The Triton kernels build for Hopper (sm_90) on a machine without a GPU.
+
+`relpos_ref.kernels._triton_variants` lowers a typical call of a scheme and
+compiles the kernel variant it launches with ``triton.compile`` for
+``GPUTarget("cuda", 90, 32)``, then reads the build: shared memory,
+registers and spills (``ptxas -v``), tensor-core instructions. Here a part
+of the variants (every slot of the kernel at least once: dense terms and a
+mask, a bias row, a window with relative values, coordinate maps; 16-bit and
+float32) is built in a subprocess, where triton compiles (the test session
+runs its interpreter), and each must fit the shared memory of one H100/H200
+block and multiply on tensor cores. Spills are reported, not refused: the
+window variants still spill (see the backends page).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+#: Shared memory one block may take on an H100 or H200 (227 KiB).
+SHARED_LIMIT = 232448
+
+
+def _build(schemes: str, dtypes: str) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    done = subprocess.run([sys.executable, "-m", "relpos_ref.kernels._triton_variants",
+                           "--schemes", schemes, "--dtypes", dtypes, "--not-causal"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def test_kernel_variants_build_for_hopper_fit_and_use_tensor_cores():
+    reports = _build("plain,bias,shaw,grid2d", "float16") + _build("bias", "float32")
+    assert {r["variant"] for r in reports} == {
+        "plain-float16", "bias-float16", "shaw-float16", "grid2d-float16", "bias-float32"}
+    for report in reports:
+        print(report)  # the build's resources, spills included, in the test log
+        assert report["shared"] <= SHARED_LIMIT, report
+        assert report["tensor_cores"], report
+        if report["variant"].endswith("float16"):
+            assert report["wgmma"], report  # tiles of 64 queries: Hopper's warp-group products
