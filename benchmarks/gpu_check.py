@@ -23,7 +23,8 @@ keeps what it measured):
    kernels with ``RELPOS_BACKENDS=cupy,torch``, for what is left of
    ``--budget`` seconds.
 
-It also writes ``DIR/gpu_check.md``, the table for ``benchmarks/RESULTS.md``.
+It also writes ``DIR/gpu_check.md``, the table for ``benchmarks/RESULTS.md``,
+and the whole output of each test run (``kernels.log``, ``suite.log``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMES = ("plain", "bias", "t5", "alibi", "rope", "shaw", "deberta")
 LABELS = {"shaw": "shaw K+V"}
+#: Test workers share one GPU: JAX must not take 75 % of its memory at start.
+GPU_SHARED = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 SUITE = ["tests/test_attention.py", "tests/test_schemes.py", "tests/test_kernels_torch.py",
          "tests/test_blocked.py", "tests/test_fresh_arrays.py", "tests/test_gradients.py",
          "tests/test_layouts.py", "tests/test_positions.py", "tests/test_numerics.py"]
@@ -266,9 +269,10 @@ def blocked(args) -> list[dict[str, Any]]:
     return found
 
 
-def _pytest(paths: list[str], env: dict[str, str], timeout: float, workers: int) -> dict:
+def _pytest(paths: list[str], env: dict[str, str], timeout: float, workers: int,
+            log: Path | None = None) -> dict:
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-               "-n", str(workers), *paths]
+               "-p", "no:benchmark", "--tb=short", "-n", str(workers), *paths]
     start = time.perf_counter()
     try:
         done = subprocess.run(command, cwd=ROOT, env={**os.environ, **env}, text=True,
@@ -277,6 +281,8 @@ def _pytest(paths: list[str], env: dict[str, str], timeout: float, workers: int)
     except subprocess.TimeoutExpired as exc:
         output = (exc.stdout or "") if isinstance(exc.stdout, str) else ""
         code = "timeout"
+    if log is not None:
+        log.write_text(output)  # the whole output, failures' tracebacks included
     lines = output.strip().splitlines()
     failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
     return {"command": " ".join(command), "returncode": code,
@@ -357,14 +363,16 @@ def main(argv: list[str] | None = None) -> int:
             save()
     if "kernels" in sections:
         results["kernels"] = _pytest(["tests/test_kernels_triton.py", "tests/test_lowering.py"],
-                                     {"TRITON_INTERPRET": "0"},
-                                     timeout=max(60.0, args.budget / 3), workers=12)
+                                     {"TRITON_INTERPRET": "0", **GPU_SHARED},
+                                     timeout=max(60.0, args.budget / 3), workers=6,
+                                     log=args.out / "kernels.log")
         save()
     if "suite" in sections:
         left = args.budget - (time.perf_counter() - start)
         results["suite"] = _pytest(SUITE, {"RELPOS_BACKENDS": "cupy,torch",
-                                               "TRITON_INTERPRET": "0"},
-                                   timeout=max(30.0, left), workers=14)
+                                           "TRITON_INTERPRET": "0", **GPU_SHARED},
+                                   timeout=max(30.0, left), workers=6,
+                                   log=args.out / "suite.log")
         save()
     print(_markdown(results))
     return 0

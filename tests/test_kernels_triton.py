@@ -214,6 +214,17 @@ def test_kernel_for_names_the_triton_kernel_only_when_it_runs():
         assert kernels.kernel_for("t5", (q, k, v)).__name__ == "t5_attention_triton"
 
 
+def test_a_variant_triton_cannot_build_hands_the_call_back_with_a_warning():
+    q = k = v = _tensor(np.ones((2, 4, 4)), torch.float32)
+    failure = RuntimeError("PassManager::run failed")
+    with mock.patch.object(kt, "launch_forward", side_effect=failure), \
+            pytest.warns(RuntimeWarning, match="could not be built for this call"):
+        assert _run("alibi", (q, k, v), {}) is NotImplemented
+    with mock.patch.object(kt, "launch_forward", side_effect=RuntimeError("a real fault")), \
+            pytest.raises(RuntimeError, match="a real fault"):
+        _run("alibi", (q, k, v), {})
+
+
 def test_bad_input_gets_the_specification_message():
     q = k = v = _tensor(np.eye(4), torch.float32)
     with pytest.raises(ValueError, match="must have 2K \\+ 1 entries"):

@@ -64,17 +64,22 @@ def product(a, b, A_SPLIT: tl.constexpr, B_SPLIT: tl.constexpr, DOT: tl.constexp
     A float32 operand of a 16-bit call (the weights, a rotated ``q``) is
     ``hi + lo``, both ``DOT``; the products ``hi b + lo b`` (and ``a lo``)
     keep it to about 2^-22 relative. ``OPERAND`` is the dtype the products
-    take (float32 for bfloat16 in the interpreter).
+    take (float32 for bfloat16 in the interpreter); float64 products
+    accumulate in float64 (``tl.dot``'s default is float32, which a GPU
+    applies and the interpreter does not).
     """
+    OUT: tl.constexpr = tl.float64 if DOT == tl.float64 else tl.float32  # noqa: SIM300
     a_hi = a.to(DOT)
     b_hi = b.to(DOT)
-    out = tl.dot(a_hi.to(OPERAND), b_hi.to(OPERAND), input_precision=PRECISION)
+    out = tl.dot(a_hi.to(OPERAND), b_hi.to(OPERAND), input_precision=PRECISION, out_dtype=OUT)
     if A_SPLIT:
         a_lo = (a.to(tl.float32) - a_hi.to(tl.float32)).to(DOT)
-        out += tl.dot(a_lo.to(OPERAND), b_hi.to(OPERAND), input_precision=PRECISION)
+        out += tl.dot(a_lo.to(OPERAND), b_hi.to(OPERAND), input_precision=PRECISION,
+                      out_dtype=OUT)
     if B_SPLIT:
         b_lo = (b.to(tl.float32) - b_hi.to(tl.float32)).to(DOT)
-        out += tl.dot(a_hi.to(OPERAND), b_lo.to(OPERAND), input_precision=PRECISION)
+        out += tl.dot(a_hi.to(OPERAND), b_lo.to(OPERAND), input_precision=PRECISION,
+                      out_dtype=OUT)
     return out
 
 

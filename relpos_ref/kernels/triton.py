@@ -15,7 +15,9 @@ that a machine without a GPU proves it against the specification. With
 ``RELPOS_TRITON=0`` no Triton kernel runs.
 
 A kernel returns ``NotImplemented`` (the next kernel, or the specification,
-takes the call) for ``return_weights=True``, ``method="definition"``, an
+takes the call) where triton cannot build its variant for the GPU (with a
+`RuntimeWarning`, once: a compiler pass that fails, shared memory the GPU
+lacks), and for ``return_weights=True``, ``method="definition"``, an
 empty grid or feature axis, a dtype other than float16, bfloat16, float32
 and float64, features wider than 256, a non-finite value in any floating
 argument (a masked pair's NaN must stay out of the output, which a fused
@@ -36,6 +38,7 @@ import contextvars
 import inspect
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -47,6 +50,8 @@ ENV_VAR = "RELPOS_TRITON"
 if os.environ.get(ENV_VAR, "").strip() == "interpret" and "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read by triton when it is imported
 
+from triton.compiler.errors import CompilationError  # noqa: E402
+from triton.runtime.errors import OutOfResources  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from .. import _xp, catalog  # noqa: E402
@@ -181,7 +186,13 @@ def _kernel(name: str) -> Callable[..., Any]:
         if (0 in (call.t_q, call.t_k, q.shape[-1], v.shape[-1]) or not fits(form)
                 or not _finite(xp, floating)):
             return NotImplemented
-        return launch_forward(form, _KERNEL, interpret=INTERPRETER, precision=PRECISION)
+        try:
+            return launch_forward(form, _KERNEL, interpret=INTERPRETER, precision=PRECISION)
+        except (CompilationError, OutOfResources, RuntimeError) as exc:
+            if not _build_failure(exc):
+                raise
+            _warn_unbuilt(name, exc)
+            return NotImplemented
 
     kernel.__name__ = kernel.__qualname__ = f"{name}_attention_triton"
     kernel.__doc__ = f"`{entry.attention.__name__}` fused in Triton (see the module docstring)."
@@ -207,6 +218,26 @@ def _blocked_kernel(name: str) -> Callable[..., Any]:
     kernel.__doc__ = (f"`blocked_attention(..., scheme={name!r})` by the fused kernel, whose "
                       "memory is O((t_q + t_k) d) whatever the block (see the module docstring).")
     return kernel
+
+
+def _build_failure(exc: BaseException) -> bool:
+    # triton could not build this variant for this GPU (its compiler's pass failed, or the
+    # variant needs more shared memory than the GPU has): not a fault of the call
+    return isinstance(exc, (CompilationError, OutOfResources)) or "PassManager" in str(exc)
+
+
+_UNBUILT: set[tuple[str, str]] = set()
+
+
+def _warn_unbuilt(name: str, exc: BaseException) -> None:
+    """Say once per scheme and failure that a variant could not be built (the call goes on)."""
+    key = (name, str(exc)[:200])
+    if key not in _UNBUILT:
+        _UNBUILT.add(key)
+        msg = (f"the Triton kernel of {name!r} could not be built for this call on this GPU "
+               f"({type(exc).__name__}: {str(exc)[:200]}); the call runs the next kernel or "
+               "the specification")
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
 def _is_array(x: Any) -> bool:
