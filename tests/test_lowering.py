@@ -121,8 +121,9 @@ def _typical_call(scheme, backend):
     t_q, t_k = (6, 6) if grid else (5, 7)
     sizes = {"K": 2, "M": 6, "t_max": 9, "height": 2, "width": 3, "buckets": 8, "d_model": 4,
              "span": 3, "rows": 8}
+    include = {t.switch: True for t in entry.tables if t.switch}  # every optional table
     shapes = entry.table_shapes(entry.sizes_from({"t_q": t_q, "t_k": t_k, **sizes}), d=4,
-                                d_v=3, heads=2)
+                                d_v=3, heads=2, include=include)
     q, k, v = (backend.asarray(rng.standard_normal((2, t, w)))
                for t, w in ((t_q, 4), (t_k, 4), (t_k, 3)))
     tables = {n: backend.asarray(rng.standard_normal(s)) for n, s in shapes.items()}
@@ -144,3 +145,42 @@ def test_form_equals_the_specification_on_every_backend(scheme, backend):
     assert got.dtype == want.dtype and tuple(got.shape) == tuple(want.shape)
     np.testing.assert_allclose(backend.to_numpy(got), backend.to_numpy(want), rtol=1e-10,
                                atol=1e-12)
+
+
+def _docs_table():
+    """The rows of the table on docs/lowering.md, by scheme."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "lowering.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 8 and cells[0] in catalog.SCHEMES:
+            rows[cells[0]] = cells
+    return rows
+
+
+@pytest.mark.parametrize("scheme", catalog.names(plain=True))
+def test_the_docs_table_states_each_form(scheme):
+    from relpos_ref import backends
+
+    numpy = backends.get("numpy")
+
+    class Numpy:
+        asarray = staticmethod(lambda a, dtype=None: numpy.from_numpy(np.asarray(a)))
+
+    args, kwargs = _typical_call(scheme, Numpy)
+    if scheme == "plain":
+        kwargs["bias"] = np.zeros((5, 7))
+    form = lower(scheme, *args, **kwargs)
+    _, q_prime, k_prime, query, key, bias, values, _ = _docs_table()[scheme]
+
+    def count(cell):
+        return 0 if cell == "—" else len(cell.split(", "))
+
+    assert count(query) == len(form.query_terms)
+    assert count(key) == len(form.key_terms)
+    assert count(bias) == len(form.biases)
+    assert count(values) == len(form.values)
+    assert (q_prime != "q") == (form.q is not args[0])
+    assert (k_prime != "k") == (form.k is not args[1])
