@@ -16,6 +16,7 @@ __all__ = [
     "check_floating",
     "check_same_dtype",
     "device",
+    "has_float64",
     "index_dtype",
     "is_lazy",
     "library_name",
@@ -85,6 +86,32 @@ def array_namespace(*arrays: Any) -> Any:
 def device(x: Any) -> Any:
     """Device on which array `x` lives (``None``-free, per the standard)."""
     return array_api_compat.device(x)
+
+
+def has_float64(xp: Any, device: Any = None) -> bool:
+    """Whether namespace `xp` has float64 arrays on `device`.
+
+    From ``__array_namespace_info__().dtypes`` where the namespace has it
+    (JAX without ``jax_enable_x64``, array-api-strict's ``"no_float64"``
+    device and some GPUs have none); otherwise whether it names ``float64``.
+    Host-side: no array is made.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> has_float64(xp)
+    True
+    >>> import array_api_strict as strict
+    >>> has_float64(strict, strict.Device("no_float64"))
+    False
+    """
+    info = getattr(xp, "__array_namespace_info__", None)
+    if info is None:
+        return hasattr(xp, "float64")
+    try:
+        return "float64" in info().dtypes(device=device, kind="real floating")
+    except (TypeError, ValueError):
+        return hasattr(xp, "float64")
 
 
 def index_dtype(xp: Any, device: Any = None) -> Any:

@@ -12,6 +12,7 @@ import relpos_ref
 
 MODULES = [
     "relpos_ref._xp",
+    "relpos_ref._exact",
     "relpos_ref._validate",
     "relpos_ref.positions",
     "relpos_ref.layouts",

@@ -559,17 +559,21 @@ def alibi_attention_vjp(
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     if not _covered(q, call, mask, k, v, d_output, used):
         return NotImplemented
+    shift = alibi.alibi_shift(call.q_offset, symmetric)  # the specification's constant
     row = _by_distance_row(
         lambda t_q, t_k, off: alibi.alibi_bias(used, t_q, t_k, q_offset=off,
-                                               symmetric=symmetric),
+                                               symmetric=symmetric, shift=shift),
         call,
     )
     term = _DistanceBias(row)
     core = backward(q, k, v, d_output, call, mask=mask, term=term)
     r_min, n = _distances(call)
-    r = np.arange(r_min, r_min + n).astype(used.dtype)
-    distance = -np.abs(r) if symmetric else r
-    return _grads(q, k, v, core, slopes=term.sums @ distance)
+    r = np.arange(r_min, r_min + n)
+    distance = (-np.abs(r) if symmetric else r) + shift  # integers, exact
+    exact = np.abs(distance).max(initial=0) <= 2 ** (np.finfo(used.dtype).nmant + 1)
+    wide = used.dtype if exact else np.float64  # as the specification forms them
+    slopes = (term.sums.astype(wide) @ distance.astype(wide)).astype(used.dtype)
+    return _grads(q, k, v, core, slopes=slopes)
 
 
 # -- relative tables -------------------------------------------------------------------

@@ -273,9 +273,10 @@ def alibi_attention(
         q, k, v, slopes=slopes, symmetric=symmetric, scale=scale, mask=mask, causal=causal,
         q_offset=q_offset,
     )
+    shift = alibi.alibi_shift(call.q_offset, symmetric)  # the specification's constant
     term = _by_distance(
         lambda t_q, t_k, off: alibi.alibi_bias(slopes, t_q, t_k, q_offset=off,
-                                               symmetric=symmetric),
+                                               symmetric=symmetric, shift=shift),
         call,
     )
     return _attend(q, k, v, call, mask=mask, bias=term, return_weights=return_weights)

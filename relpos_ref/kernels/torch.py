@@ -284,7 +284,8 @@ def toeplitz_terms(entry: Any, q: Any, k: Any, tables: dict[str, Any], call: Cal
     that is ``row[..., j - i + t_q - 1]``, where ``row`` is the scheme's own
     term (`relpos_ref.catalog.Scheme.terms`) on a grid of one query and
     ``n = t_q + t_k - 1`` keys whose distances are those of the call,
-    ``r_min = -(t_q - 1) - q_offset`` upwards. The same values as the terms of
+    ``r_min = -(t_q - 1) - q_offset`` upwards (`relpos_ref.catalog.Scheme.attention_terms`:
+    ALiBi's plus a constant). The same values as the terms of
     the whole grid, without its ``(t_q, t_k)`` index array, gather or
     result: a view of ``n`` entries per head (``term[i, j']`` depends on
     ``i + j'`` alone, which a forward-strided view expresses and the
@@ -302,15 +303,18 @@ def toeplitz_terms(entry: Any, q: Any, k: Any, tables: dict[str, Any], call: Cal
     >>> call, options = entry.check_call(q, k, k, {}, q_offset=1,
     ...                                  options={"slopes": torch.ones(1, dtype=torch.float64)})
     >>> toeplitz_terms(entry, q, k, {}, call, options).bias.flip(-1)  # keys in order
-    tensor([[[-1.,  0., -1.],
-             [-2., -1.,  0.],
-             [-3., -2., -1.]]], dtype=torch.float64)
+    tensor([[[2., 3., 2.],
+             [1., 2., 3.],
+             [0., 1., 2.]]], dtype=torch.float64)
+
+    (ALiBi's ``-|r|`` plus the constant 3 that softmax ignores,
+    `relpos_ref.catalog.Scheme.attention_terms`.)
     """
     n = call.t_q + call.t_k - 1
     one = q[..., :1, :]
     keys = k[..., :1, :].expand(*k.shape[:-2], n, k.shape[-1])  # its shape is all it reads
-    terms = entry.terms(one, keys, tables, q_offset=call.t_q - 1 + call.q_offset, i0=0, j0=0,
-                        options=options, method="efficient")
+    terms = entry.attention_terms(one, keys, tables, q_offset=call.t_q - 1 + call.q_offset,
+                                  i0=0, j0=0, options=options, method="efficient")
 
     def expand(row: Any) -> Any:
         if row is None:
@@ -401,8 +405,8 @@ def _kernel(name: str) -> Callable[..., Any]:
             return sdpa_terms(q, k, v, call, terms=terms, mask=mask, keys_reversed=True,
                               fused=fused)
         else:
-            terms = entry.terms(q, k, named, q_offset=call.q_offset, i0=0, j0=0,
-                                options=options, method="efficient")
+            terms = entry.attention_terms(q, k, named, q_offset=call.q_offset, i0=0, j0=0,
+                                          options=options, method="efficient")
         return sdpa_terms(q, k, v, call, terms=terms, mask=mask, fused=fused)
 
     kernel.__name__ = kernel.__qualname__ = f"{name}_attention_sdpa"
