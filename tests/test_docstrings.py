@@ -22,6 +22,7 @@ MODULES = [
     "relpos_ref.catalog",
     "relpos_ref.kernels",
     "relpos_ref.kernels.torch",
+    "relpos_ref.kernels._overflow",
     "relpos_ref.cli",
     "relpos_ref.backends",
     "relpos_ref.schemes.absolute",
