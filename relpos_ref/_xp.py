@@ -14,6 +14,7 @@ import array_api_compat
 __all__ = [
     "array_namespace",
     "check_floating",
+    "check_namespace",
     "check_same_dtype",
     "device",
     "has_float64",
@@ -88,6 +89,29 @@ def device(x: Any) -> Any:
     return array_api_compat.device(x)
 
 
+def check_namespace(xp: Any) -> Any:
+    """`xp` if it is an array API namespace; a `TypeError` naming ``xp`` otherwise.
+
+    Functions that take no array (`relpos_ref.relative_positions`, say) are
+    told the library by ``xp=``: a module such as ``array_api_strict`` or
+    ``numpy``, or the namespace of an array (``array_api_compat.array_namespace(x)``).
+
+    Examples
+    --------
+    >>> check_namespace(None)
+    Traceback (most recent call last):
+    ...
+    TypeError: `xp` must be an array API namespace (array_api_strict, numpy, torch, ...), got None
+    """
+    if not all(callable(getattr(xp, name, None)) for name in ("asarray", "arange")):
+        shown = repr(xp) if xp is None or isinstance(xp, (str, int, float)) else (
+            f"an object of type {type(xp).__name__}")
+        msg = ("`xp` must be an array API namespace (array_api_strict, numpy, torch, ...), "
+               f"got {shown}")
+        raise TypeError(msg)
+    return xp
+
+
 def has_float64(xp: Any, device: Any = None) -> bool:
     """Whether namespace `xp` has float64 arrays on `device`.
 
@@ -119,8 +143,10 @@ def index_dtype(xp: Any, device: Any = None) -> Any:
 
     Uses ``__array_namespace_info__().default_dtypes`` where the namespace
     has it (array API 2023.12 and later) and falls back to ``xp.int64``.
+    Every function that builds positions asks it, so a `xp` that is not a
+    namespace is refused here by name (`check_namespace`).
     """
-    info = getattr(xp, "__array_namespace_info__", None)
+    info = getattr(check_namespace(xp), "__array_namespace_info__", None)
     if info is not None:
         return info().default_dtypes(device=device)["indexing"]
     return xp.int64

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _xp
-from ._validate import as_int, broadcast_shapes, check_bool
+from ._validate import as_float, as_int, broadcast_shapes, check_bool
 from .calls import (
     PLAIN,
     Call,
@@ -97,6 +97,7 @@ def allowed_keys(
     Array([[ True,  True, False],
            [ True,  True,  True]], dtype=array_api_strict.bool)
     """
+    _xp.check_namespace(xp)
     check_mask(xp, mask, (t_q, t_k))
     if not check_bool("causal", causal):
         return None if mask is None else xp.asarray(mask, copy=True)
@@ -148,6 +149,8 @@ def compose_logits(content: Any, /, *, scale: float, position: Any = None, bias:
     Array([[ nan, -inf]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(content, position, bias)
+    _xp.check_floating(xp, "content", content)
+    scale = as_float("scale", scale)
     logits = content if position is None else content + position
     logits = logits * scale
     if bias is not None:
@@ -191,6 +194,10 @@ def masked_softmax(logits: Any, /, *, allowed: Any = None) -> Any:
            [0.26894142, 0.73105858]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(logits, allowed)
+    _xp.check_floating(xp, "logits", logits)
+    if allowed is not None and not xp.isdtype(allowed.dtype, "bool"):
+        msg = f"`allowed` must be a bool array (True = may attend), got dtype {allowed.dtype}"
+        raise TypeError(msg)
     dev = _xp.device(logits)
     neg_inf = xp.asarray(-xp.inf, dtype=logits.dtype, device=dev)
     zero = xp.asarray(0.0, dtype=logits.dtype, device=dev)

@@ -30,7 +30,7 @@ from typing import Any
 
 from .. import _xp
 from .._exact import float_dtype
-from .._validate import as_int, broadcast_shapes, check_bool, nonnegative_int, positive_int
+from .._validate import as_int, check_bool, nonnegative_int, positive_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 from ..gradients import (
@@ -252,7 +252,12 @@ def alibi_call(
         if slopes.ndim != 1:
             msg = f"`slopes` must have shape (h,), got shape {tuple(slopes.shape)}"
             raise ValueError(msg)
-        broadcast_shapes(slopes=(slopes.shape[0], 1, 1), logits=(*call.batch, 1, 1))
+        heads = call.batch[-1] if call.batch else 1
+        if 1 not in (slopes.shape[0], heads) and slopes.shape[0] != heads:
+            msg = (f"`slopes` has {slopes.shape[0]} entries (shape {tuple(slopes.shape)}), one "
+                   f"per head, but the heads of `q` {tuple(q.shape)}, `k` {tuple(k.shape)} "
+                   f"and `v` {tuple(v.shape)} (axis -3) number {heads}")
+            raise ValueError(msg)
     return call, slopes
 
 
