@@ -118,8 +118,9 @@ def alibi_bias(
     The distances ``D(r) + c`` are formed in integer arithmetic, then as
     floats in `slopes`' dtype where it holds them exactly, else in float64
     (the product rounded once to `slopes`' dtype), else refused
-    (`relpos_ref._exact`). A product beyond the dtype's range is NaN, not
-    ``-inf`` (which would read as a mask).
+    (`relpos_ref._exact`). A head whose slope times the largest distance
+    would overflow the dtype is NaN, not ``-inf`` (which would read as a
+    mask).
 
     Parameters
     ----------
@@ -172,8 +173,9 @@ def alibi_bias(
                f"index dtype {r.dtype} (at most {top})")
         raise ValueError(msg)
     distance = (-xp.abs(r) if symmetric else r) + shift
-    wide = xp.astype(slopes, dtype)[:, None, None] * xp.astype(distance, dtype)[None, :, :]
-    return _finite_or_nan(xp, xp.astype(wide, slopes.dtype))
+    used = _nan_where_overflowing(xp, slopes, largest)
+    product = xp.astype(used, dtype)[:, None, None] * xp.astype(distance, dtype)[None, :, :]
+    return xp.astype(product, slopes.dtype, copy=False)
 
 
 def _largest_distance(t_q: int, t_k: int, q_offset: int, symmetric: bool, shift: int) -> int:
@@ -199,10 +201,14 @@ def _distance_dtype(xp: Any, dtype: Any, dev: Any, largest: int, t_q: int, t_k: 
                        what="distances", allowed=None if shift else allowed)
 
 
-def _finite_or_nan(xp: Any, bias: Any) -> Any:
-    # an overflowed product is NaN (an overflow), never -inf (a mask)
-    nan = xp.asarray(xp.nan, dtype=bias.dtype, device=_xp.device(bias))
-    return xp.where(xp.isinf(bias), nan, bias)
+def _nan_where_overflowing(xp: Any, slopes: Any, largest: int) -> Any:
+    # NaN for a head whose slope times the largest distance overflows its dtype: its
+    # bias could overflow, and an overflow must be NaN, never -inf (a mask). Decided per
+    # head, h values, not per entry of (h, t_q, t_k) (a slope above finfo.max / t).
+    top = float(xp.finfo(slopes.dtype).max)
+    fits = xp.abs(slopes) <= top / max(largest, 1)
+    return xp.where(fits, slopes, xp.asarray(xp.nan, dtype=slopes.dtype,
+                                             device=_xp.device(slopes)))
 
 
 def alibi_call(
