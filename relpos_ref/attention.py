@@ -116,7 +116,7 @@ def compose_logits(content: Any, /, *, scale: float, position: Any = None, bias:
 
     Content-position terms are scaled with the content term; scalar biases
     (learned ``b_r``, T5, ALiBi, Swin) are added after scaling. A ``-inf``
-    bias is an additive mask (the pair is left out, as a masked one is); any
+    bias is an additive mask (the pair gets weight 0); any
     other ``-inf`` is an overflow (``q . k`` of large entries, say, or a
     non-finite input) and becomes NaN, so that its row is NaN after
     `masked_softmax` rather than an empty row of zeros or a finite wrong
