@@ -284,6 +284,15 @@ def alibi_terms(q, k, tables, *, q_offset, i0, j0, options, method):
     ))
 
 
+def alibi_shifted_terms(q, k, tables, *, q_offset, i0, j0, options, method):
+    # plus m alibi_shift(q_offset) for the whole call's q_offset: the same constant in
+    # every tile, so an online softmax over tiles sees one set of logits
+    return Terms(bias=alibi.alibi_bias(
+        options["slopes"], q.shape[-2], k.shape[-2], q_offset=_off(q_offset, i0, j0),
+        symmetric=options["symmetric"], shift=alibi.alibi_shift(q_offset, options["symmetric"]),
+    ))
+
+
 # -- rope ---------------------------------------------------------------------------
 
 

@@ -135,6 +135,21 @@ class Scheme:
     benchmark: Callable[[int], dict[str, Any]] = field(default=lambda t: {})
     vjp: Callable[..., dict[str, Any]] | None = None
     lower: Callable[..., Any] | None = None
+    shifted_terms: Callable[..., Terms] | None = None
+
+    @property
+    def attention_terms(self) -> Callable[..., Terms]:
+        """The terms as attention evaluates them: `terms`, or `shifted_terms` where given.
+
+        `shifted_terms` (ALiBi) differ from the definition's `terms` by a
+        constant that is the same for every pair of the call, so that softmax
+        gives the same weights, chosen so that the values stay exact at any
+        offset; it is a function of the ``q_offset`` passed (the whole call's),
+        never of a tile's ``i0``, ``j0``. The golden intermediates record
+        `terms`; the attention paths (the blocked loop, the torch kernels)
+        evaluate these.
+        """
+        return self.terms if self.shifted_terms is None else self.shifted_terms
 
     @property
     def defaults(self) -> Defaults:

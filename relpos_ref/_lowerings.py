@@ -145,9 +145,11 @@ def t5_form(q, k, v, tables, *, call, mask, options):
 def alibi_form(q, k, v, tables, *, call, mask, options):
     # the specification's bias of one query against every distance of the grid
     n = call.t_q + call.t_k - 1 if call.t_q and call.t_k else 0
+    # shifted by a constant of the call, as alibi_attention does: exact at any offset
+    symmetric = options["symmetric"]
     row = alibi.alibi_bias(_wide(options["slopes"]), 1, n,
-                           q_offset=call.t_q - 1 + call.q_offset,
-                           symmetric=options["symmetric"])[:, 0, :]
+                           q_offset=call.t_q - 1 + call.q_offset, symmetric=symmetric,
+                           shift=alibi.alibi_shift(call.q_offset, symmetric))[:, 0, :]
     index = distance_map(_identity(call.xp, n, _xp.device(q)), call)
     return DistanceForm(q, k, v, call, mask, biases=(BiasTerm(row, index),))
 

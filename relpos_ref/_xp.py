@@ -14,8 +14,10 @@ import array_api_compat
 __all__ = [
     "array_namespace",
     "check_floating",
+    "check_namespace",
     "check_same_dtype",
     "device",
+    "has_float64",
     "index_dtype",
     "is_lazy",
     "library_name",
@@ -87,13 +89,64 @@ def device(x: Any) -> Any:
     return array_api_compat.device(x)
 
 
+def check_namespace(xp: Any) -> Any:
+    """`xp` if it is an array API namespace; a `TypeError` naming ``xp`` otherwise.
+
+    Functions that take no array (`relpos_ref.relative_positions`, say) are
+    told the library by ``xp=``: a module such as ``array_api_strict`` or
+    ``numpy``, or the namespace of an array (``array_api_compat.array_namespace(x)``).
+
+    Examples
+    --------
+    >>> check_namespace(None)
+    Traceback (most recent call last):
+    ...
+    TypeError: `xp` must be an array API namespace (array_api_strict, numpy, torch, ...), got None
+    """
+    if not all(callable(getattr(xp, name, None)) for name in ("asarray", "arange")):
+        shown = repr(xp) if xp is None or isinstance(xp, (str, int, float)) else (
+            f"an object of type {type(xp).__name__}")
+        msg = ("`xp` must be an array API namespace (array_api_strict, numpy, torch, ...), "
+               f"got {shown}")
+        raise TypeError(msg)
+    return xp
+
+
+def has_float64(xp: Any, device: Any = None) -> bool:
+    """Whether namespace `xp` has float64 arrays on `device`.
+
+    From ``__array_namespace_info__().dtypes`` where the namespace has it
+    (JAX without ``jax_enable_x64``, array-api-strict's ``"no_float64"``
+    device and some GPUs have none); otherwise whether it names ``float64``.
+    Host-side: no array is made.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> has_float64(xp)
+    True
+    >>> import array_api_strict as strict
+    >>> has_float64(strict, strict.Device("no_float64"))
+    False
+    """
+    info = getattr(xp, "__array_namespace_info__", None)
+    if info is None:
+        return hasattr(xp, "float64")
+    try:
+        return "float64" in info().dtypes(device=device, kind="real floating")
+    except (TypeError, ValueError):
+        return hasattr(xp, "float64")
+
+
 def index_dtype(xp: Any, device: Any = None) -> Any:
     """Default indexing dtype of namespace `xp` on `device`.
 
     Uses ``__array_namespace_info__().default_dtypes`` where the namespace
     has it (array API 2023.12 and later) and falls back to ``xp.int64``.
+    Every function that builds positions asks it, so a `xp` that is not a
+    namespace is refused here by name (`check_namespace`).
     """
-    info = getattr(xp, "__array_namespace_info__", None)
+    info = getattr(check_namespace(xp), "__array_namespace_info__", None)
     if info is not None:
         return info().default_dtypes(device=device)["indexing"]
     return xp.int64

@@ -8,6 +8,13 @@ Every scheme builds its scores the same way (design conventions):
 then takes a numerically stable softmax over the keys each query may attend
 to. A query with no such key (an empty row) gets zero weights and a zero
 output, never NaN.
+
+Overflow is never silent: a logit that is ``-inf`` although its bias is not
+(``s (q . k + P)`` or its sum with the bias beyond the dtype's range, or a
+non-finite input) is made NaN by `compose_logits`, so its row's output and
+weights are NaN, as they are for ``+inf``; a row reads as empty (zeros) only
+when it has no allowed key or every allowed key's bias is ``-inf`` (an
+additive mask).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _xp
-from ._validate import as_int, broadcast_shapes, check_bool
+from ._validate import as_float, as_int, broadcast_shapes, check_bool
 from .calls import (
     PLAIN,
     Call,
@@ -90,6 +97,7 @@ def allowed_keys(
     Array([[ True,  True, False],
            [ True,  True,  True]], dtype=array_api_strict.bool)
     """
+    _xp.check_namespace(xp)
     check_mask(xp, mask, (t_q, t_k))
     if not check_bool("causal", causal):
         return None if mask is None else xp.asarray(mask, copy=True)
@@ -100,23 +108,30 @@ def allowed_keys(
 
 @computes_in_float32
 def compose_logits(content: Any, /, *, scale: float, position: Any = None, bias: Any = None) -> Any:
-    r"""Combine score terms by the one scaling rule.
+    r"""Combine score terms by the one scaling rule, with overflow made NaN.
 
-    .. math:: \text{logits} = s\,(\text{content} + \text{position}) + \text{bias}
+    .. math:: \text{logits} = s\,(\text{content} + \text{position}) + \text{bias},
+              \qquad \text{logits}_{ij} := \text{NaN} \text{ where }
+              \text{logits}_{ij} = -\infty \ne \text{bias}_{ij}
 
     Content-position terms are scaled with the content term; scalar biases
-    (learned ``b_r``, T5, ALiBi, Swin) are added after scaling.
+    (learned ``b_r``, T5, ALiBi, Swin) are added after scaling. A ``-inf``
+    bias is an additive mask (the pair gets weight 0); any
+    other ``-inf`` is an overflow (``q . k`` of large entries, say, or a
+    non-finite input) and becomes NaN, so that its row is NaN after
+    `masked_softmax` rather than an empty row of zeros or a finite wrong
+    answer (``+inf`` gives NaN there by itself).
 
     Parameters
     ----------
-    content : array, shape ``(..., t_q, t_k)``
+    content : floating array, shape ``(..., t_q, t_k)``
         ``q . k`` for every pair.
     scale : float
-        The scale ``s``.
+        The scale ``s``, a finite real number.
     position : array broadcastable to ``(..., t_q, t_k)``, optional
         Terms scaled with the content term.
     bias : array broadcastable to ``(..., t_q, t_k)``, optional
-        Terms added after scaling.
+        Terms added after scaling; ``-inf`` leaves a pair out.
 
     Returns
     -------
@@ -129,10 +144,23 @@ def compose_logits(content: Any, /, *, scale: float, position: Any = None, bias:
     >>> compose_logits(xp.asarray([[2.0]]), scale=0.5, position=xp.asarray([[4.0]]),
     ...                bias=xp.asarray([[1.0]]))
     Array([[4.]], dtype=array_api_strict.float64)
+    >>> lost = xp.asarray([[-xp.inf, 1.0]])  # a q . k that overflowed; the bias masks key 1
+    >>> compose_logits(lost, scale=2.0, bias=xp.asarray([[0.0, -xp.inf]]))
+    Array([[ nan, -inf]], dtype=array_api_strict.float64)
     """
+    xp = _xp.array_namespace(content, position, bias)
+    _xp.check_floating(xp, "content", content)
+    scale = as_float("scale", scale)
     logits = content if position is None else content + position
     logits = logits * scale
-    return logits if bias is None else logits + bias
+    if bias is not None:
+        logits = logits + bias
+    neg_inf = xp.asarray(-xp.inf, dtype=logits.dtype, device=_xp.device(logits))
+    lost = logits == neg_inf  # an overflow, unless the bias put it there
+    if bias is not None:
+        lost = lost & (bias != neg_inf)
+    return xp.where(lost, xp.asarray(xp.nan, dtype=logits.dtype, device=_xp.device(logits)),
+                    logits)
 
 
 @computes_in_float32
@@ -144,7 +172,8 @@ def masked_softmax(logits: Any, /, *, allowed: Any = None) -> Any:
               \qquad m_i = \max_{j \text{ allowed}} l_{ij}
 
     A row with no allowed key, or whose allowed logits are all ``-inf``, gets
-    zero weights (never NaN).
+    zero weights (never NaN); a NaN or ``+inf`` allowed logit makes its row
+    NaN. (`compose_logits` turns a ``-inf`` that is an overflow into NaN.)
 
     Parameters
     ----------
@@ -165,6 +194,10 @@ def masked_softmax(logits: Any, /, *, allowed: Any = None) -> Any:
            [0.26894142, 0.73105858]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(logits, allowed)
+    _xp.check_floating(xp, "logits", logits)
+    if allowed is not None and not xp.isdtype(allowed.dtype, "bool"):
+        msg = f"`allowed` must be a bool array (True = may attend), got dtype {allowed.dtype}"
+        raise TypeError(msg)
     dev = _xp.device(logits)
     neg_inf = xp.asarray(-xp.inf, dtype=logits.dtype, device=dev)
     zero = xp.asarray(0.0, dtype=logits.dtype, device=dev)

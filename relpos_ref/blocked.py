@@ -341,8 +341,9 @@ def _attend_rows(
         for j0, j1 in key_blocks(end - 1, t_k, block=block, causal=causal, q_offset=q_offset):
             k_blk, v_blk = k[..., j0:j1, :], v[..., j0:j1, :]
             off = q_offset + at - j0
-            position, bias = entry.terms(q_blk, k_blk, tables, q_offset=q_offset, i0=at,
-                                         j0=j0, options=options, method="efficient")
+            position, bias = entry.attention_terms(q_blk, k_blk, tables, q_offset=q_offset,
+                                                   i0=at, j0=j0, options=options,
+                                                   method="efficient")
             content = xp.matmul(q_blk, xp.matrix_transpose(k_blk))
             logits = compose_logits(content, scale=scale, position=position, bias=bias)
             allowed = allowed_keys(rows, j1 - j0, mask=mask_tile(mask, i0, i1, j0, j1),

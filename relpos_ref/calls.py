@@ -92,7 +92,13 @@ def check_qkv(q: Any, k: Any, v: Any) -> tuple[Any, tuple[int, ...]]:
             f"{tuple(k.shape)} and {tuple(v.shape)}"
         )
         raise ValueError(msg)
-    batch = broadcast_shapes(q=q.shape[:-2], k=k.shape[:-2], v=v.shape[:-2])
+    try:
+        batch = broadcast_shapes(q=q.shape[:-2], k=k.shape[:-2], v=v.shape[:-2])
+    except ValueError:
+        msg = (f"shapes do not broadcast: `q` {tuple(q.shape)}, `k` {tuple(k.shape)}, `v` "
+               f"{tuple(v.shape)} (their leading axes {tuple(q.shape[:-2])}, "
+               f"{tuple(k.shape[:-2])} and {tuple(v.shape[:-2])} must broadcast)")
+        raise ValueError(msg) from None
     return xp, batch
 
 

@@ -203,6 +203,7 @@ _ENTRIES = (
                         case_parameter=False),
                  Option("symmetric", "-m |r| (True) or the causal form m r", (True, False))),
         vjp=alibi.alibi_attention_vjp,
+        shifted_terms=ad.alibi_shifted_terms,
     ),
     Scheme(
         "swin", "Liu et al. (2021), Swin Transformer",

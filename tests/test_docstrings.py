@@ -12,6 +12,7 @@ import relpos_ref
 
 MODULES = [
     "relpos_ref._xp",
+    "relpos_ref._exact",
     "relpos_ref._validate",
     "relpos_ref.positions",
     "relpos_ref.layouts",
@@ -22,6 +23,7 @@ MODULES = [
     "relpos_ref.lowering",
     "relpos_ref.kernels",
     "relpos_ref.kernels.torch",
+    "relpos_ref.kernels._overflow",
     "relpos_ref.cli",
     "relpos_ref.backends",
     "relpos_ref.schemes.absolute",

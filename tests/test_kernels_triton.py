@@ -229,3 +229,16 @@ def test_bad_input_gets_the_specification_message():
     q = k = v = _tensor(np.eye(4), torch.float32)
     with pytest.raises(ValueError, match="must have 2K \\+ 1 entries"):
         _run("bias", (q, k, v, _tensor(np.zeros(4), torch.float32)), {})
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_an_overflowed_row_is_nan_and_a_row_with_no_key_zero(sign):
+    """The conventions' overflow rule: never zeros (an empty row's answer) nor a finite value."""
+    q = _tensor(1e20 * np.ones((1, 2, 4)), torch.float32)
+    k = _tensor(sign * np.array([[[1e20] * 4, [2e20] * 4, [3e20] * 4]]), torch.float32)
+    v = _tensor(np.arange(12.0).reshape(1, 3, 4), torch.float32)
+    mask = _tensor(np.array([[True, True, True], [False, False, False]]), None)
+    got = _run("plain", (q, k, v), {"mask": mask})
+    want = _spec("plain", (q, k, v), {"mask": mask})
+    assert bool(torch.isnan(got[0, 0]).all()) and bool(torch.isnan(want[0, 0]).all())
+    assert bool((got[0, 1] == 0).all()) and bool((want[0, 1] == 0).all())

@@ -16,7 +16,8 @@ Swin place queries on a 2-D grid: the specification's loop runs). A call
 goes to the specification where the scheme's kernel does (it returns
 ``NotImplemented``), for arrays that are not all ``numpy.ndarray``, for an
 empty grid, and for any non-finite value (the specification's rules for
-them hold tile by tile).
+them hold tile by tile); a tile whose logits could overflow hands the whole
+call back (the scheme's kernel refuses it, `relpos_ref.kernels._overflow`).
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ cover:
 - any non-finite value in ``q``, ``k``, ``v``, ``d_output`` or a table (the
   specification then keeps a masked pair from carrying a NaN into a
   gradient; with finite inputs a masked pair has weight 0 and carries nothing);
+- a call whose logits could overflow (`relpos_ref.kernels._overflow`): the
+  specification makes the overflowed rows NaN, and their gradients;
 - a mask that broadcasts along the queries or the keys (shape ``(..., 1, t_k)``,
   ``(t_k,)``, ...): the specification's backward pass refuses those today
   (its ``masked_product`` needs the full ``(t_q, t_k)`` grid), and a call
@@ -71,6 +73,7 @@ from ._numpy_vjp import (
     tile_products,
     tile_rows,
 )
+from ._overflow import bounded
 
 __all__ = ["VJP_KERNELS"]
 
@@ -115,12 +118,14 @@ def _ndarrays(*arrays: Any) -> bool:
     return all(a is None or type(a) is np.ndarray for a in arrays)
 
 
-def _covered(q: np.ndarray, call: Call, mask: Any, *arrays: Any) -> bool:
-    # float32 / float64, a mask of the whole grid, and finite everywhere: the products
-    # need no guards
+def _covered(scheme: str, q: np.ndarray, call: Call, mask: Any, k: np.ndarray, v: np.ndarray,
+             d_output: np.ndarray, **tables: Any) -> bool:
+    # float32 / float64, a mask of the whole grid, finite everywhere (the products need no
+    # guards), and logits that cannot overflow (the specification makes an overflow NaN)
     if mask is not None and (mask.ndim < 2 or mask.shape[-2:] != (call.t_q, call.t_k)):
         return False
-    return q.dtype in (np.float32, np.float64) and finite(q, *arrays)
+    return (q.dtype in (np.float32, np.float64) and finite(q, k, v, d_output, *tables.values())
+            and bounded(scheme, call, q, k, **tables))
 
 
 def _grads(q, k, v, core, **more: Any) -> dict[str, Any]:
@@ -430,7 +435,7 @@ def attention_vjp(
     call = resolve_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset)
     check_terms(q, call, bias=bias, position=position)
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    if not _covered(q, call, mask, k, v, d_output, bias, position):
+    if not _covered("plain", q, call, mask, k, v, d_output, bias=bias, position=position):
         return NotImplemented
     term = None if bias is None and position is None else _FullTerms(position, bias, call.scale)
     core = backward(q, k, v, d_output, call, mask=mask, term=term)
@@ -447,7 +452,7 @@ def absolute_attention_vjp(
         q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    if not _covered(q, call, mask, k, v, d_output, table):
+    if not _covered("absolute", q, call, mask, k, v, d_output, table=table):
         return NotImplemented
     rows = table[..., : call.t_k, :]
     core = backward(q, k + rows, v, d_output, call, mask=mask)  # q . (k_j + R_j)
@@ -468,7 +473,7 @@ def rope_attention_vjp(
         causal=causal, q_offset=q_offset,
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    if not _covered(q, call, mask, k, v, d_output):
+    if not _covered("rope", q, call, mask, k, v, d_output):
         return NotImplemented
     opts = {"base": base, "rotary_dim": rotary_dim, "layout": layout}
     q_rot = rope.rope_rotate(q, offset=call.q_offset, **opts)
@@ -502,7 +507,7 @@ def bias_attention_vjp(
         max_past=max_past,
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    if not _covered(q, call, mask, k, v, d_output, table):
+    if not _covered("bias", q, call, mask, k, v, d_output, table=table):
         return NotImplemented
     row = _by_distance_row(
         lambda t_q, t_k, off: bias.bias_logits(table, t_q, t_k, q_offset=off, beyond=beyond,
@@ -530,7 +535,7 @@ def t5_attention_vjp(
         bidirectional=bidirectional, max_distance=max_distance,
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    if not _covered(q, call, mask, k, v, d_output, table):
+    if not _covered("t5", q, call, mask, k, v, d_output, table=table):
         return NotImplemented
     row = _by_distance_row(
         lambda t_q, t_k, off: t5.t5_bias(
@@ -557,19 +562,23 @@ def alibi_attention_vjp(
         q_offset=q_offset,
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    if not _covered(q, call, mask, k, v, d_output, used):
+    if not _covered("alibi", q, call, mask, k, v, d_output, slopes=used):
         return NotImplemented
+    shift = alibi.alibi_shift(call.q_offset, symmetric)  # the specification's constant
     row = _by_distance_row(
         lambda t_q, t_k, off: alibi.alibi_bias(used, t_q, t_k, q_offset=off,
-                                               symmetric=symmetric),
+                                               symmetric=symmetric, shift=shift),
         call,
     )
     term = _DistanceBias(row)
     core = backward(q, k, v, d_output, call, mask=mask, term=term)
     r_min, n = _distances(call)
-    r = np.arange(r_min, r_min + n).astype(used.dtype)
-    distance = -np.abs(r) if symmetric else r
-    return _grads(q, k, v, core, slopes=term.sums @ distance)
+    r = np.arange(r_min, r_min + n)
+    distance = (-np.abs(r) if symmetric else r) + shift  # integers, exact
+    exact = np.abs(distance).max(initial=0) <= 2 ** (np.finfo(used.dtype).nmant + 1)
+    wide = used.dtype if exact else np.float64  # as the specification forms them
+    slopes = (term.sums.astype(wide) @ distance.astype(wide)).astype(used.dtype)
+    return _grads(q, k, v, core, slopes=slopes)
 
 
 # -- relative tables -------------------------------------------------------------------
@@ -606,7 +615,8 @@ def shaw_attention_vjp(
     if beyond == "error":  # as the specification's shaw_index, on the host
         check_distances_in_table(call.t_q, call.t_k, q_offset=call.q_offset, low=-past,
                                  high=k_max, what=extent_text(past, k_max, max_past))
-    if not _covered(q, call, mask, k, v, d_output, key_table, value_table):
+    if not _covered("shaw", q, call, mask, k, v, d_output, key_table=key_table,
+                    value_table=value_table):
         return NotImplemented
     if value_table is not None and _values_widened_by_v(q, k, v, d_output, mask):
         return NotImplemented
@@ -630,7 +640,7 @@ def general_attention_vjp(
         method="efficient",
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    if not _covered(q, call, mask, k, v, d_output, table):
+    if not _covered("general", q, call, mask, k, v, d_output, table=table):
         return NotImplemented
     t_max = (table.shape[-2] + 1) // 2
     ordered = table if order == "past_to_future" else table[..., ::-1, :]
@@ -654,7 +664,7 @@ def music_attention_vjp(
         beyond=beyond, method="efficient",
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    if value_table is not None or not _covered(q, call, mask, k, v, d_output, table):
+    if value_table is not None or not _covered("music", q, call, mask, k, v, d_output, table=table):
         return NotImplemented
     policy = "zero" if beyond == "zero" else "clip"  # "error" checked: every r has a row
     r_min, n = _distances(call)
@@ -743,7 +753,7 @@ def swin_attention_vjp(
         mask=mask,
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    if not _covered(q, call, mask, k, v, d_output, table):
+    if not _covered("swin", q, call, mask, k, v, d_output, table=table):
         return NotImplemented
     term = _WindowBias(table, int(window_height), int(window_width))
     core = backward(q, k, v, d_output, call, mask=mask, term=term)
@@ -811,7 +821,8 @@ def grid2d_attention_vjp(
         causal=causal, method="efficient",
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    if not _covered(q, call, mask, k, v, d_output, row_table, col_table):
+    if not _covered("grid2d", q, call, mask, k, v, d_output, row_table=row_table,
+                    col_table=col_table):
         return NotImplemented
     term = _GridTables(q, row_table, col_table, int(height), int(width), call)
     core = backward(q, k, v, d_output, call, mask=mask, term=term)
@@ -836,7 +847,8 @@ def transformer_xl_attention_vjp(
         q_offset=q_offset, clamp_len=clamp_len, method="efficient",
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    if not _covered(q, call, mask, k, v, d_output, w_r, content_bias, position_bias):
+    if not _covered("transformer_xl", q, call, mask, k, v, d_output, w_r=w_r,
+                    content_bias=content_bias, position_bias=position_bias):
         return NotImplemented
     arrays = {"q": q, "k": k, "v": v, "w_r": w_r, "content_bias": content_bias,
               "position_bias": position_bias}
@@ -1208,7 +1220,8 @@ def deberta_attention_vjp(
         causal=causal, q_offset=q_offset, method="efficient",
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    if not _covered(q, call, mask, k, v, d_output, key_table, query_table):
+    if not _covered("deberta", q, call, mask, k, v, d_output, key_table=key_table,
+                    query_table=query_table):
         return NotImplemented
     tables = {name: t for name, t in (("key_table", key_table), ("query_table", query_table))
               if t is not None}

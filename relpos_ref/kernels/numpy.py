@@ -18,7 +18,11 @@ below. What they share (`relpos_ref.kernels._numpy_blocks`):
 - Shaw's clipped table fused into the softmax, its relative values binned on
   the way (`clipped_table_softmax`).
 
-The results are fresh arrays, like the specification's.
+The results are fresh arrays, like the specification's. A call whose logits
+could overflow, by a bound from the magnitudes of ``q``, ``k`` and the
+tables (`relpos_ref.kernels._overflow`), goes to the specification, which
+makes an overflow NaN: a kernel scales and sums in its own order, and would
+read a ``-inf`` from an overflow as a masked key.
 
 ``VJP_KERNELS`` holds the backward passes (`relpos_ref.kernels._numpy_vjps`,
 built on `relpos_ref.kernels._numpy_vjp`), ``BLOCKED_KERNELS`` the blocked
@@ -60,6 +64,7 @@ from ._numpy_blocks import (
 )
 from ._numpy_terms import deberta_terms, grid_terms, one_sided_rows, window_bias
 from ._numpy_vjps import VJP_KERNELS
+from ._overflow import bounded
 
 __all__ = ["BLOCKED_KERNELS", "KERNELS", "VJP_KERNELS"]
 
@@ -151,6 +156,8 @@ def attention(
         return NotImplemented
     call = resolve_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset)
     check_terms(q, call, bias=bias, position=position)
+    if not bounded("plain", call, q, k, position=position):
+        return NotImplemented
     return _attend(
         q, k, v, call, mask=mask, position=position, bias=bias, return_weights=return_weights
     )
@@ -166,6 +173,8 @@ def absolute_attention(
     call = absolute.absolute_call(
         q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset
     )
+    if not bounded("absolute", call, q, k, table=table):
+        return NotImplemented
     # q . k_j + q . R_j = q . (k_j + R_j): the term rides along in the one GEMM.
     keys = k + table[..., : call.t_k, :]
     return _attend(q, keys, v, call, mask=mask, return_weights=return_weights)
@@ -182,6 +191,8 @@ def rope_attention(
         q, k, v, base=base, rotary_dim=rotary_dim, layout=layout, scale=scale, mask=mask,
         causal=causal, q_offset=q_offset,
     )
+    if not bounded("rope", call, q, k):
+        return NotImplemented
     opts = {"base": base, "rotary_dim": rotary_dim, "layout": layout}
     q_rot = rope.rope_rotate(q, offset=call.q_offset, **opts)
     k_rot = rope.rope_rotate(k, offset=0, **opts)
@@ -199,6 +210,8 @@ def swin_attention(
         q, k, v, table, window_height=window_height, window_width=window_width, scale=scale,
         mask=mask,
     )
+    if not bounded("swin", call, q, k):
+        return NotImplemented
     add = window_bias(table, window_height, window_width)
     return _attend(q, k, v, call, mask=mask, add_bias=add, return_weights=return_weights)
 
@@ -214,7 +227,8 @@ def grid2d_attention(
         q, k, v, row_table, col_table, height=height, width=width, scale=scale, mask=mask,
         causal=causal, method=method,
     )
-    if method != "efficient":
+    if method != "efficient" or not bounded("grid2d", call, q, k, row_table=row_table,
+                                            col_table=col_table):
         return NotImplemented
     add = grid_terms(q, row_table, col_table, height=height, width=width)
     return _attend(q, k, v, call, mask=mask, add_position=add, return_weights=return_weights)
@@ -234,6 +248,8 @@ def bias_attention(
         q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, beyond=beyond,
         max_past=max_past,
     )
+    if not bounded("bias", call, q, k):
+        return NotImplemented
     term = _by_distance(
         lambda t_q, t_k, off: bias.bias_logits(table, t_q, t_k, q_offset=off, beyond=beyond,
                                                max_past=max_past),
@@ -253,6 +269,8 @@ def t5_attention(
         q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
         bidirectional=bidirectional, max_distance=max_distance,
     )
+    if not bounded("t5", call, q, k):
+        return NotImplemented
     term = _by_distance(
         lambda t_q, t_k, off: t5.t5_bias(
             table, t_q, t_k, q_offset=off, bidirectional=bidirectional, max_distance=max_distance
@@ -273,9 +291,12 @@ def alibi_attention(
         q, k, v, slopes=slopes, symmetric=symmetric, scale=scale, mask=mask, causal=causal,
         q_offset=q_offset,
     )
+    if not bounded("alibi", call, q, k):
+        return NotImplemented
+    shift = alibi.alibi_shift(call.q_offset, symmetric)  # the specification's constant
     term = _by_distance(
         lambda t_q, t_k, off: alibi.alibi_bias(slopes, t_q, t_k, q_offset=off,
-                                               symmetric=symmetric),
+                                               symmetric=symmetric, shift=shift),
         call,
     )
     return _attend(q, k, v, call, mask=mask, bias=term, return_weights=return_weights)
@@ -295,7 +316,7 @@ def general_attention(
         q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, order=order,
         method=method,
     )
-    if method != "efficient":
+    if method != "efficient" or not bounded("general", call, q, k, table=table):
         return NotImplemented
     t_max = (table.shape[-2] + 1) // 2
     ordered = table if order == "past_to_future" else table[..., ::-1, :]
@@ -317,6 +338,8 @@ def music_attention(
     if method != "efficient" or call.t_q * call.t_k == 0 or not _finite(value_table):
         return NotImplemented
     if (mask is not None or call.causal) and not _finite(v):
+        return NotImplemented
+    if not bounded("music", call, q, k, table=table):
         return NotImplemented
     r_min = -(call.t_q - 1) - call.q_offset
     extended = one_sided_rows(table, r_min, call.t_k - 1 - call.q_offset, beyond)
@@ -340,7 +363,9 @@ def transformer_xl_attention(
         q, k, v, w_r, content_bias, position_bias, scale=scale, mask=mask, causal=causal,
         q_offset=q_offset, clamp_len=clamp_len, method=method,
     )
-    if method != "efficient" or call.t_q * call.t_k == 0:
+    if method != "efficient" or call.t_q * call.t_k == 0 or not bounded(
+            "transformer_xl", call, q, k, w_r=w_r, content_bias=content_bias,
+            position_bias=position_bias):
         return NotImplemented
     # (a) + (c) = (q + u) . k in the one content GEMM, as Transformer-XL's own code does;
     # (b) + (d) = (q + v) . p_delta one block at a time from the t_q + t_k - 1 projected
@@ -373,7 +398,8 @@ def deberta_attention(
         causal=causal, q_offset=q_offset, method=method,
     )
     tables = [t for t in (key_table, query_table) if t is not None]
-    if method != "efficient" or call.t_q * call.t_k == 0 or not tables:
+    if method != "efficient" or call.t_q * call.t_k == 0 or not tables or not bounded(
+            "deberta", call, q, k, key_table=key_table, query_table=query_table):
         return NotImplemented
     add = deberta_terms(q, k, key_table, query_table, call, max_position)
     return _attend(q, k, v, call, mask=mask, add_position=add, return_weights=return_weights)
@@ -399,6 +425,8 @@ def shaw_attention(
     if method != "efficient" or beyond != "clip" or not _finite(value_table):
         return NotImplemented
     if (mask is not None or call.causal) and not _finite(v):
+        return NotImplemented
+    if not bounded("shaw", call, q, k, key_table=key_table):
         return NotImplemented
     fused = clipped_table_softmax(
         _scores(q, k, mask),

@@ -44,9 +44,14 @@ does not cover:
 - any non-finite value in ``q``, ``k``, ``v``, a table or a given term (the
   specification keeps a masked pair's NaN out of the output; an additive
   mask cannot: ``NaN - inf`` is NaN);
+- a call whose logits could overflow, by a bound from the largest
+  magnitudes of ``q``, ``k`` and the tables (`relpos_ref.kernels._overflow`;
+  read back with the finiteness check, one ``aminmax`` per array): SDPA
+  would read an overflowed ``-inf`` as a masked key and return zeros or a
+  finite wrong answer, the specification makes it NaN;
 - an empty grid or feature axis, arrays of several devices or libraries, and
   calls under ``torch.compile`` or a ``torch.func`` transform (the finiteness
-  check reads a value back; the specification traces as it is).
+  and overflow check reads values back; the specification traces as it is).
 
 A row with no allowed key gets zeros, as in the specification: SDPA sees that
 row with every key allowed (no NaN, in the output or in a gradient through
@@ -96,6 +101,7 @@ from ._blocked_rows import (
     blocked_rows,
     check_blocked_arguments,
 )
+from ._overflow import limit, logit_bound
 
 __all__ = ["BLOCKED_KERNELS", "KERNELS", "VJP_KERNELS"]
 
@@ -132,6 +138,28 @@ def _traced(*arrays: Any) -> bool:
 
 def _is_array(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _bounded(name: str, call: Call, named: dict[str, Any]) -> bool:
+    # Whether every floating array of `named` (by argument name) is finite and no logit
+    # of the call can overflow, from their largest magnitudes (`relpos_ref.kernels._overflow`):
+    # one aminmax per array (1.6 times a sum's time on the CPU), one read back.
+    present = [(n, a) for n, a in named.items()
+               if a is not None and a.dtype.is_floating_point and a.numel()]
+    if not present:
+        return True
+    with torch.no_grad():
+        extremes = torch.stack([torch.stack(torch.aminmax(a)).to(present[0][1].dtype)
+                                for _, a in present])
+        values = extremes.abs().amax(dim=-1).tolist()
+    magnitude = dict(zip((n for n, _ in present), values, strict=True))
+    if not all(math.isfinite(x) for x in values):
+        return False
+    w_r = named.get("w_r")
+    bound = logit_bound(name, {"q": 0.0, "k": 0.0, **magnitude}, d=call.d, scale=call.scale,
+                        d_model=0 if w_r is None else w_r.shape[-2])
+    info = torch.finfo(present[0][1].dtype)
+    return bound <= limit(info.max, info.eps)
 
 
 def _finite(arrays: list[Any]) -> bool:
@@ -284,7 +312,8 @@ def toeplitz_terms(entry: Any, q: Any, k: Any, tables: dict[str, Any], call: Cal
     that is ``row[..., j - i + t_q - 1]``, where ``row`` is the scheme's own
     term (`relpos_ref.catalog.Scheme.terms`) on a grid of one query and
     ``n = t_q + t_k - 1`` keys whose distances are those of the call,
-    ``r_min = -(t_q - 1) - q_offset`` upwards. The same values as the terms of
+    ``r_min = -(t_q - 1) - q_offset`` upwards (`relpos_ref.catalog.Scheme.attention_terms`:
+    ALiBi's plus a constant). The same values as the terms of
     the whole grid, without its ``(t_q, t_k)`` index array, gather or
     result: a view of ``n`` entries per head (``term[i, j']`` depends on
     ``i + j'`` alone, which a forward-strided view expresses and the
@@ -302,15 +331,18 @@ def toeplitz_terms(entry: Any, q: Any, k: Any, tables: dict[str, Any], call: Cal
     >>> call, options = entry.check_call(q, k, k, {}, q_offset=1,
     ...                                  options={"slopes": torch.ones(1, dtype=torch.float64)})
     >>> toeplitz_terms(entry, q, k, {}, call, options).bias.flip(-1)  # keys in order
-    tensor([[[-1.,  0., -1.],
-             [-2., -1.,  0.],
-             [-3., -2., -1.]]], dtype=torch.float64)
+    tensor([[[2., 3., 2.],
+             [1., 2., 3.],
+             [0., 1., 2.]]], dtype=torch.float64)
+
+    (ALiBi's ``-|r|`` plus the constant 3 that softmax ignores,
+    `relpos_ref.catalog.Scheme.attention_terms`.)
     """
     n = call.t_q + call.t_k - 1
     one = q[..., :1, :]
     keys = k[..., :1, :].expand(*k.shape[:-2], n, k.shape[-1])  # its shape is all it reads
-    terms = entry.terms(one, keys, tables, q_offset=call.t_q - 1 + call.q_offset, i0=0, j0=0,
-                        options=options, method="efficient")
+    terms = entry.attention_terms(one, keys, tables, q_offset=call.t_q - 1 + call.q_offset,
+                                  i0=0, j0=0, options=options, method="efficient")
 
     def expand(row: Any) -> Any:
         if row is None:
@@ -384,8 +416,9 @@ def _kernel(name: str) -> Callable[..., Any]:
                 or given.get("method", "efficient") != "efficient"
                 or value_tables & set(named)
                 or 0 in (call.t_q, call.t_k, q.shape[-1])
-                or not _finite([*arguments.floating,
-                                *(a for a in options.values() if _is_array(a))])):
+                or not _bounded(name, call, {"q": q, "k": k, "v": v, **named, **arguments.terms,
+                                             **{n: a for n, a in options.items()
+                                                if _is_array(a)}})):
             return NotImplemented
         fused = _FIRST_ORDER.get() or not _differentiated(arguments.floating)
         if entry.rotate is not None:
@@ -401,8 +434,8 @@ def _kernel(name: str) -> Callable[..., Any]:
             return sdpa_terms(q, k, v, call, terms=terms, mask=mask, keys_reversed=True,
                               fused=fused)
         else:
-            terms = entry.terms(q, k, named, q_offset=call.q_offset, i0=0, j0=0,
-                                options=options, method="efficient")
+            terms = entry.attention_terms(q, k, named, q_offset=call.q_offset, i0=0, j0=0,
+                                          options=options, method="efficient")
         return sdpa_terms(q, k, v, call, terms=terms, mask=mask, fused=fused)
 
     kernel.__name__ = kernel.__qualname__ = f"{name}_attention_sdpa"
@@ -482,7 +515,9 @@ def _blocked_kernel(name: str) -> Callable[..., Any]:
         call, options, named = checked.call, checked.options, checked.tables
         floating = [a for a in arrays if a.dtype.is_floating_point]
         if (0 in (call.t_q, call.t_k, q.shape[-1])
-                or not _finite([*floating, *(a for a in options.values() if _is_array(a))])):
+                or not _bounded(name, call, {"q": q, "k": k, "v": v, **named,
+                                             **{n: a for n, a in options.items()
+                                                if _is_array(a)}})):
             return NotImplemented
         fused = not _differentiated(floating)
         if entry.rotate is not None:

@@ -112,6 +112,10 @@ def check_table(
             f"`{name}` has {heads} heads (shape {shape}) but `q` has shape "
             f"{tuple(q.shape)}; per-head tables need q of shape (..., {heads}, t_q, d)"
         )
+        if scalar and q.ndim >= 3 and shape[-1] == q.shape[-3]:
+            msg += (f"; a table of shape (n, h) = {shape}, the layout of HF transformers' T5 "
+                    "`relative_attention_bias.weight`, is ours transposed: pass its "
+                    f"transpose, of shape (h, n) = {shape[::-1]}")
         raise ValueError(msg)
     return heads
 

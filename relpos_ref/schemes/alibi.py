@@ -11,6 +11,17 @@ under a causal mask they give the same attention. The slopes are geometric:
 for ``n`` heads, a power of two, ``m_h = 2^{-8 (h + 1) / n}``; otherwise the
 slopes of the nearest smaller power of two ``p`` are followed by every other
 slope of ``2p`` heads, ``h = 0, 2, 4, ...``, until there are ``n``.
+
+Exact at any offset: softmax does not change when every logit of a row
+moves by one constant, so `alibi_attention` (its kernels and
+`relpos_ref.blocked_attention` too) adds ``m_h c`` to every bias, with
+``c = |q_offset|`` (or ``q_offset`` in the causal form): the distances become
+``c - |r|`` (or ``r + q_offset = j - i``), integers no larger than the
+number of queries or keys, formed in integer arithmetic and exact in float32
+(a bias of ``-m 2**30`` would be rounded to a multiple of 8 in float32, and
+the differences between keys lost). `alibi_bias` itself returns the
+definition, ``-m |r|``, with its distances formed in float64 where the call's
+dtype does not hold them (`relpos_ref._exact`).
 """
 
 from __future__ import annotations
@@ -18,7 +29,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _xp
-from .._validate import broadcast_shapes, check_bool, nonnegative_int, positive_int
+from .._exact import float_dtype
+from .._validate import as_int, check_bool, nonnegative_int, positive_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 from ..gradients import (
@@ -37,6 +49,7 @@ __all__ = [
     "alibi_attention_vjp",
     "alibi_bias",
     "alibi_call",
+    "alibi_shift",
     "alibi_slopes",
 ]
 
@@ -77,10 +90,37 @@ def alibi_slopes(num_heads: int) -> tuple[float, ...]:
     return tuple(slopes)
 
 
+def alibi_shift(q_offset: int, symmetric: bool = True) -> int:
+    """The constant attention adds to ALiBi's distances: ``|q_offset|`` (or ``q_offset``).
+
+    With it the distance ``-|r| + |q_offset|`` (or ``r + q_offset = j - i``)
+    is at most the number of queries or keys in magnitude, whatever the
+    offset (softmax ignores a constant added to a row's logits).
+
+    Examples
+    --------
+    >>> alibi_shift(-5), alibi_shift(-5, symmetric=False)
+    (5, -5)
+    """
+    q_offset = as_int("q_offset", q_offset)
+    return abs(q_offset) if check_bool("symmetric", symmetric) else q_offset
+
+
 def alibi_bias(
-    slopes: Any, /, t_q: int, t_k: int, *, q_offset: int = 0, symmetric: bool = True
+    slopes: Any, /, t_q: int, t_k: int, *, q_offset: int = 0, symmetric: bool = True,
+    shift: int = 0,
 ) -> Any:
-    r"""ALiBi bias :math:`B^h_{ij} = -m_h |r_{ij}|` (or :math:`m_h r_{ij}`).
+    r"""ALiBi bias :math:`B^h_{ij} = -m_h |r_{ij}|` (or :math:`m_h r_{ij}`), plus :math:`m_h c`.
+
+    .. math:: B^h_{ij} = m_h \bigl(D(r_{ij}) + c\bigr), \qquad
+              D(r) = -|r| \text{ (symmetric) or } r, \qquad c = \text{shift}
+
+    The distances ``D(r) + c`` are formed in integer arithmetic, then as
+    floats in `slopes`' dtype where it holds them exactly, else in float64
+    (the product rounded once to `slopes`' dtype), else refused
+    (`relpos_ref._exact`). A head whose slope times the largest distance
+    would overflow the dtype is NaN, not ``-inf`` (which would read as a
+    mask).
 
     Parameters
     ----------
@@ -93,6 +133,10 @@ def alibi_bias(
     symmetric : bool, optional
         ``True``: ``-m |r|`` (penalizes the future too); ``False``: the causal
         form ``m r``, positive for future keys (mask them).
+    shift : int, optional
+        ``c``, a constant softmax ignores; `alibi_attention` passes
+        `alibi_shift` so that the bias stays small at any offset. ``0``, the
+        default, is the definition.
 
     Returns
     -------
@@ -105,6 +149,9 @@ def alibi_bias(
     >>> alibi_bias(xp.asarray([0.5]), 2, 3)
     Array([[[-0. , -0.5, -1. ],
             [-0.5, -0. , -0.5]]], dtype=array_api_strict.float64)
+    >>> alibi_bias(xp.asarray([0.5]), 2, 3, q_offset=2**40, shift=2**40)  # r = j - i - 2**40
+    Array([[[ 0. ,  0.5,  1. ],
+            [-0.5,  0. ,  0.5]]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(slopes)
     _xp.check_floating(xp, "slopes", slopes)
@@ -113,11 +160,55 @@ def alibi_bias(
         raise ValueError(msg)
     t_q = nonnegative_int("t_q", t_q)
     t_k = nonnegative_int("t_k", t_k)
+    q_offset = as_int("q_offset", q_offset)
+    symmetric = check_bool("symmetric", symmetric)
+    shift = as_int("shift", shift)
     dev = _xp.device(slopes)
     r = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=dev)
-    r = xp.astype(r, slopes.dtype)
-    distance = -xp.abs(r) if check_bool("symmetric", symmetric) else r
-    return slopes[:, None, None] * distance[None, :, :]
+    largest = _largest_distance(t_q, t_k, q_offset, symmetric, shift)
+    dtype = _distance_dtype(xp, slopes.dtype, dev, largest, t_q, t_k, q_offset, shift)
+    top = xp.iinfo(r.dtype).max
+    if largest > top:
+        msg = (f"`shift` = {shift} with `q_offset` = {q_offset} gives distances beyond the "
+               f"index dtype {r.dtype} (at most {top})")
+        raise ValueError(msg)
+    distance = (-xp.abs(r) if symmetric else r) + shift
+    used = _nan_where_overflowing(xp, slopes, largest)
+    product = xp.astype(used, dtype)[:, None, None] * xp.astype(distance, dtype)[None, :, :]
+    return xp.astype(product, slopes.dtype, copy=False)
+
+
+def _largest_distance(t_q: int, t_k: int, q_offset: int, symmetric: bool, shift: int) -> int:
+    # max |D(r) + shift| over the grid's distances, on the host (0 for an empty grid)
+    if t_q == 0 or t_k == 0:
+        return 0
+    r_min, r_max = -(t_q - 1 + q_offset), t_k - 1 - q_offset
+    if not symmetric:
+        return max(abs(r_min + shift), abs(r_max + shift))
+    nearest = 0 if r_min <= 0 <= r_max else min(abs(r_min), abs(r_max))
+    farthest = max(abs(r_min), abs(r_max))
+    return max(abs(shift - nearest), abs(shift - farthest))
+
+
+def _distance_dtype(xp: Any, dtype: Any, dev: Any, largest: int, t_q: int, t_k: int,
+                    q_offset: int, shift: int) -> Any:
+    # the dtype of the distances D(r) + shift: with no shift, the message gives the exact
+    # range of q_offset (r_min >= -limit, r_max <= limit); a shift leaves none to give
+    def allowed(limit: int) -> tuple[int, int]:
+        return t_k - 1 - limit, limit - t_q + 1
+
+    return float_dtype(xp, dtype, device=dev, largest=largest, name="q_offset", value=q_offset,
+                       what="distances", allowed=None if shift else allowed)
+
+
+def _nan_where_overflowing(xp: Any, slopes: Any, largest: int) -> Any:
+    # NaN for a head whose slope times the largest distance overflows its dtype: its
+    # bias could overflow, and an overflow must be NaN, never -inf (a mask). Decided per
+    # head, h values, not per entry of (h, t_q, t_k) (a slope above finfo.max / t).
+    top = float(xp.finfo(slopes.dtype).max)
+    fits = xp.abs(slopes) <= top / max(largest, 1)
+    return xp.where(fits, slopes, xp.asarray(xp.nan, dtype=slopes.dtype,
+                                             device=_xp.device(slopes)))
 
 
 def alibi_call(
@@ -167,7 +258,12 @@ def alibi_call(
         if slopes.ndim != 1:
             msg = f"`slopes` must have shape (h,), got shape {tuple(slopes.shape)}"
             raise ValueError(msg)
-        broadcast_shapes(slopes=(slopes.shape[0], 1, 1), logits=(*call.batch, 1, 1))
+        heads = call.batch[-1] if call.batch else 1
+        if 1 not in (slopes.shape[0], heads) and slopes.shape[0] != heads:
+            msg = (f"`slopes` has {slopes.shape[0]} entries (shape {tuple(slopes.shape)}), one "
+                   f"per head, but the heads of `q` {tuple(q.shape)}, `k` {tuple(k.shape)} "
+                   f"and `v` {tuple(v.shape)} (axis -3) number {heads}")
+            raise ValueError(msg)
     return call, slopes
 
 
@@ -217,7 +313,8 @@ def alibi_attention(
         q, k, v, slopes=slopes, symmetric=symmetric, scale=scale, mask=mask, causal=causal,
         q_offset=q_offset,
     )
-    bias = alibi_bias(slopes, call.t_q, call.t_k, q_offset=call.q_offset, symmetric=symmetric)
+    bias = alibi_bias(slopes, call.t_q, call.t_k, q_offset=call.q_offset, symmetric=symmetric,
+                      shift=alibi_shift(call.q_offset, symmetric))
     return attention(
         q, k, v, scale=call.scale, mask=mask, causal=call.causal, q_offset=call.q_offset,
         bias=bias, return_weights=return_weights,
@@ -245,7 +342,9 @@ def alibi_attention_vjp(
               \quad (\text{or } r_{ij} \text{ in the causal form})
 
     for the slopes (learned ALiBi variants train them); q, k and v as in
-    `relpos_ref.gradients.attention_vjp`.
+    `relpos_ref.gradients.attention_vjp`. Each row of :math:`\bar{l}` sums
+    to 0, so the sum is taken over the distances `alibi_attention` uses,
+    ``D(r) + alibi_shift(q_offset)``: the same gradient, exact at any offset.
 
     Parameters
     ----------
@@ -274,17 +373,23 @@ def alibi_attention_vjp(
         q_offset=q_offset,
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    bias = alibi_bias(used, call.t_q, call.t_k, q_offset=call.q_offset, symmetric=symmetric)
+    shift = alibi_shift(call.q_offset, symmetric)
+    bias = alibi_bias(used, call.t_q, call.t_k, q_offset=call.q_offset, symmetric=symmetric,
+                      shift=shift)
     fwd = forward(q, k, call, mask=mask, bias=bias)
     core = core_vjp(q, k, v, d_output, call, fwd)
     axis = distance_axis(call.t_q, call.t_k, call.q_offset)
     xp, dev = call.xp, _xp.device(q)
-    r = xp.astype(xp.arange(axis.n, device=dev) + axis.low, q.dtype)
-    distance = -xp.abs(r) if symmetric else r
+    # the shifted distances (each row of d_logits sums to 0: the same gradient, without
+    # the rounding of shift times that sum), in a dtype that holds them
+    largest = _largest_distance(call.t_q, call.t_k, call.q_offset, symmetric, shift)
+    dtype = _distance_dtype(xp, q.dtype, dev, largest, call.t_q, call.t_k, call.q_offset, shift)
+    r = xp.arange(axis.n, dtype=_xp.index_dtype(xp, dev), device=dev) + axis.low
+    distance = xp.astype((-xp.abs(r) if symmetric else r) + shift, dtype)
     per_head = sum_to_shape(scalar_rows_vjp(core.d_logits, axis), (used.shape[0], axis.n))
     return {
         "q": sum_to_shape(core.dq, q.shape),
         "k": sum_to_shape(core.dk, k.shape),
         "v": sum_to_shape(core.dv, v.shape),
-        "slopes": xp.matmul(per_head, distance),
+        "slopes": xp.astype(xp.matmul(xp.astype(per_head, dtype), distance), q.dtype),
     }

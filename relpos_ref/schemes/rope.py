@@ -17,13 +17,22 @@ turns by ``p θ_c`` with ``θ_c = base^{-2c / rotary_dim}``; features beyond
 
 A pair ``(a, b)`` becomes ``(a cos φ - b sin φ, b cos φ + a sin φ)``.
 Positions are ``p_q = i + q_offset`` and ``p_k = j``.
+
+The angles ``p θ_c`` and their cosines and sines are computed in float64
+wherever the arrays' device has it, and rounded once to the arrays' dtype:
+in float32 the position ``2**24 + 1`` would be ``2**24``, and ``p θ`` would
+carry the rounding of ``θ`` times ``p``. Positions beyond ``2**53`` (or, on
+a device without float64, beyond what the dtype holds exactly: ``2**24`` in
+float32) are refused (`relpos_ref._exact`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .. import _xp
+from .._exact import float_dtype
 from .._validate import as_float, as_int, check_bool, check_choice
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
@@ -37,6 +46,7 @@ from ..gradients import (
 __all__ = [
     "DEFAULTS",
     "ROPE_LAYOUTS",
+    "angle_dtype",
     "rope_attention",
     "rope_attention_vjp",
     "rope_call",
@@ -141,10 +151,9 @@ def rope_rotate(
     if rd == 0:
         return xp.reshape(x, tuple(x.shape), copy=True)  # fresh, bit for bit, autograd-quiet
     dev = _xp.device(x)
-    freqs = xp.asarray(rope_frequencies(rd, base=base), dtype=x.dtype, device=dev)
-    pos = xp.astype(xp.arange(offset, offset + t, device=dev), x.dtype)
-    angle = pos[:, None] * freqs[None, :]  # (t, rd / 2)
-    cos, sin = xp.cos(angle), xp.sin(angle)
+    wide = angle_dtype(xp, x.dtype, dev, offset=offset, t=t, name="offset")
+    cos, sin = _turns(xp, wide, dev, offset, t, rope_frequencies(rd, base=base))
+    cos, sin = xp.astype(cos, x.dtype), xp.astype(sin, x.dtype)
     if check_bool("inverse", inverse):
         sin = -sin
     half = rd // 2
@@ -158,6 +167,50 @@ def rope_rotate(
     if rd < d:
         parts.append(x[..., rd:])
     return xp.concat(parts, axis=-1) if len(parts) > 1 else parts[0]
+
+
+def _turns(xp: Any, wide: Any, dev: Any, offset: int, t: int,
+           freqs: tuple[float, ...]) -> tuple[Any, Any]:
+    # cos and sin of (offset + i) θ_c, (t, rd / 2), in `wide`: position offset + a B + b
+    # turns by (offset + a B) θ then b θ (the angle-addition formulas), so that only
+    # 2 (t / B + B) angles of the t rd / 2 are evaluated (float64 cosines cost 13 times
+    # float32's in NumPy), at an error of a few float64 roundings
+    block = max(1, math.isqrt(t))
+    blocks = -(-t // block)
+    idx = _xp.index_dtype(xp, dev)
+    theta = xp.asarray(freqs, dtype=wide, device=dev)[None, :]
+    start = xp.arange(blocks, dtype=idx, device=dev) * block + offset
+    coarse = xp.astype(start, wide)[:, None] * theta  # (blocks, rd / 2)
+    fine = xp.astype(xp.arange(block, dtype=idx, device=dev), wide)[:, None] * theta
+    c1, s1 = xp.cos(coarse)[:, None, :], xp.sin(coarse)[:, None, :]
+    c2, s2 = xp.cos(fine)[None, :, :], xp.sin(fine)[None, :, :]
+    shape = (blocks * block, len(freqs))
+    cos = xp.reshape(c1 * c2 - s1 * s2, shape)[:t, :]
+    sin = xp.reshape(s1 * c2 + c1 * s2, shape)[:t, :]
+    return cos, sin
+
+
+def angle_dtype(xp: Any, dtype: Any, device: Any, *, offset: int, t: int, name: str,
+                t_other: int = 0) -> Any:
+    """The dtype of the angles of positions ``offset .. offset + t - 1`` (and ``0 .. t_other - 1``).
+
+    float64 where `device` has it, else `dtype`; a `ValueError` naming `name`
+    where a position is beyond what that dtype holds exactly
+    (`relpos_ref._exact.float_dtype`).
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> angle_dtype(xp, xp.float32, None, offset=2**24, t=2, name="q_offset") == xp.float64
+    True
+    """
+    largest = max(abs(offset), abs(offset + t - 1), t_other - 1, 0) if t else max(t_other - 1, 0)
+
+    def allowed(limit: int) -> tuple[int, int]:  # offset >= -limit, offset + t - 1 <= limit
+        return -limit, limit - max(t - 1, 0)
+
+    return float_dtype(xp, dtype, device=device, largest=largest, name=name, value=offset,
+                       what="positions", allowed=allowed, angles=True)
 
 
 def rope_call(
@@ -189,6 +242,8 @@ def rope_call(
     )
     check_choice("layout", layout, ROPE_LAYOUTS)
     rope_frequencies(_rotary_dim(q.shape[-1], rotary_dim), base=base)
+    angle_dtype(call.xp, q.dtype, _xp.device(q), offset=call.q_offset, t=call.t_q,
+                name="q_offset", t_other=call.t_k)
     return call
 
 

@@ -29,6 +29,12 @@ The efficient path computes ``(q_i + v) . p_δ`` once per distance, a
 to the most distant future, and lays it out with `relpos_ref.layouts.rel_shift`
 (the slice ``[..., :t_k]`` of the shifted matrix is exact everywhere, for any
 ``q_offset``). It never builds a ``(t_q, t_k, d)`` tensor.
+
+The angles ``δ ω_c`` and their sines and cosines are computed in float64
+wherever the arrays' device has it, then rounded once to the dtype of
+``W_R``; a distance beyond what that holds exactly (``2**53``, or ``2**24``
+in float32 on a device without float64), after `clamp_len`, is refused
+(`relpos_ref._exact`).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import math
 from typing import Any
 
 from .. import _xp
+from .._exact import check_exact_distances
 from .._validate import as_float, as_int, nonnegative_int
 from ..attention import attention
 from ..calls import Call, Defaults, computes_in_float32, resolve_call
@@ -147,7 +154,9 @@ def transformer_xl_embedding(
     d_model : int
         Width of the sinusoid, even (``m = d_model / 2`` frequencies).
     dtype : floating dtype of the namespace of `delta`
-        Dtype of the result; the angles ``δ ω`` are computed in it.
+        Dtype of the result. The angles ``δ ω`` are computed in float64 where
+        the device of `delta` has it (exact for ``|δ| <= 2**53``), else in
+        `dtype`; `transformer_xl_attention` refuses distances beyond that.
     base : float, optional
         Frequency base, 10000 in the paper.
 
@@ -172,10 +181,12 @@ def transformer_xl_embedding(
         msg = f"`dtype` must be a real floating dtype, got {dtype}"
         raise TypeError(msg)
     dev = _xp.device(delta)
-    omega = xp.asarray(rope_frequencies(d_model, base=as_float("base", base)), dtype=dtype,
+    wide = xp.float64 if _xp.has_float64(xp, dev) else dtype
+    omega = xp.asarray(rope_frequencies(d_model, base=as_float("base", base)), dtype=wide,
                        device=dev)
-    angle = xp.astype(delta, dtype)[..., None] * omega
-    return xp.concat([xp.sin(angle), xp.cos(angle)], axis=-1)
+    angle = xp.astype(delta, wide)[..., None] * omega
+    return xp.astype(xp.concat([xp.sin(angle), xp.cos(angle)], axis=-1), dtype)
+
 
 
 def _check_projection(w_r: Any, q: Any) -> int:
@@ -299,6 +310,8 @@ def transformer_xl_logits(
     t_q, t_k = q.shape[-2], k.shape[-2]
     q_offset = _end_aligned(t_q, t_k, q_offset)
     dev = _xp.device(q)
+    check_exact_distances(xp, q.dtype, dev, t_q=t_q, t_k=t_k, q_offset=q_offset,
+                          clamp_len=_clamp_len(clamp_len))
     query = q if position_bias is None else q + _per_head_vector(position_bias)
     if method == "definition" or t_q == 0 or t_k == 0:
         delta = transformer_xl_distance(
@@ -376,6 +389,8 @@ def transformer_xl_call(
     _check_projection(w_r, q)
     _check_bias("content_bias", content_bias, q)
     _check_bias("position_bias", position_bias, q)
+    check_exact_distances(call.xp, q.dtype, _xp.device(q), t_q=call.t_q, t_k=call.t_k,
+                          q_offset=call.q_offset, clamp_len=_clamp_len(clamp_len))
     return call
 
 
