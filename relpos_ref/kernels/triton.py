@@ -21,7 +21,10 @@ lacks), and for ``return_weights=True``, ``method="definition"``, an
 empty grid or feature axis, a dtype other than float16, bfloat16, float32
 and float64, features wider than 256, a non-finite value in any floating
 argument (a masked pair's NaN must stay out of the output, which a fused
-``P v`` cannot promise), and calls under tracing (``torch.compile``, a CUDA
+``P v`` cannot promise), a call whose logits might overflow (bounded from the
+largest magnitudes of the inputs, as the NumPy and torch kernels do:
+`relpos_ref.kernels._overflow`; the specification makes an overflow NaN),
+and calls under tracing (``torch.compile``, a CUDA
 graph's capture). Results are fresh arrays in the dtype of ``v``.
 
 Precision (`PRECISION`): float32 operands multiply with ``input_precision``
@@ -36,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import math
 import os
 import sys
 import warnings
@@ -57,6 +61,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from .. import _xp, catalog  # noqa: E402
 from ..lowering import lower  # noqa: E402
 from ._blocked_rows import blocked_arguments, check_blocked_arguments  # noqa: E402
+from ._overflow import limit, logit_bound  # noqa: E402
 from ._triton_forward import attention_forward  # noqa: E402
 from ._triton_launch import fits, launch_forward  # noqa: E402
 
@@ -150,12 +155,31 @@ def _traced() -> bool:
     return torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()
 
 
-def _finite(xp: Any, arrays: list[Any]) -> bool:
-    # one read back: a sum is finite only when every entry is (an overflowing sum only
-    # hands the call to the specification)
-    sums = [xp.sum(xp.astype(a, xp.float32) if a.dtype != xp.float64 else a)
-            for a in arrays if a is not None and _xp.size(a)]
-    return not sums or bool(xp.all(xp.isfinite(xp.stack(sums))))
+def _bounded(xp: Any, scheme: str, call: Any, named: dict[str, Any]) -> bool:
+    """Whether every floating argument is finite and no logit of the call can overflow.
+
+    The NumPy and torch kernels' rule (`relpos_ref.kernels._overflow`): the
+    largest magnitude of each argument, one read back, bounds the logits
+    below half an ulp of the compute dtype's largest value (float32 for
+    16-bit calls); a call beyond it, or with a non-finite value, runs the
+    specification, which makes an overflow NaN. Biases are checked for
+    finiteness only (any finite bias is safe below that bound; a ``-inf``
+    one is a mask the specification applies).
+    """
+    present = [(n, a) for n, a in named.items()
+               if _is_array(a) and xp.isdtype(a.dtype, "real floating") and _xp.size(a)]
+    if not present:
+        return True
+    wide = xp.float64 if any(a.dtype == xp.float64 for _, a in present) else xp.float32
+    largest = xp.stack([xp.max(xp.abs(xp.astype(a, wide))) for _, a in present]).tolist()
+    if not all(math.isfinite(x) for x in largest):
+        return False
+    magnitude = {n: x for (n, _), x in zip(present, largest, strict=True) if n != "bias"}
+    w_r = named.get("w_r")
+    bound = logit_bound(scheme, {"q": 0.0, "k": 0.0, **magnitude}, d=call.d, scale=call.scale,
+                        d_model=0 if w_r is None else w_r.shape[-2])
+    info = xp.finfo(wide)
+    return bound <= limit(float(info.max), float(info.eps))
 
 
 def _kernel(name: str) -> Callable[..., Any]:
@@ -171,8 +195,10 @@ def _kernel(name: str) -> Callable[..., Any]:
                 or given.pop("method", "efficient") != "efficient"):
             return NotImplemented
         q, k, v = given.pop("q"), given.pop("k"), given.pop("v")
+        named = {"q": q, "k": k, "v": v, **{t.name: given.get(t.name) for t in entry.tables},
+                 **{n: a for n, a in given.items() if _is_array(a)}}
         tables = [given.pop(t.name, None) for t in entry.tables]
-        arrays = [a for a in (q, k, v, *tables, *given.values()) if _is_array(a)]
+        arrays = [a for a in named.values() if _is_array(a)]
         if not accepts(tuple(arrays)) or len({str(a.device) for a in arrays}) != 1:
             return NotImplemented
         if str(v.dtype).rsplit(".", 1)[-1] not in _DTYPES:
@@ -182,9 +208,8 @@ def _kernel(name: str) -> Callable[..., Any]:
         form = lower(name, q, k, v, *tables, **given)
         call = form.call
         xp = call.xp
-        floating = [a for a in arrays if xp.isdtype(a.dtype, "real floating")]
         if (0 in (call.t_q, call.t_k, q.shape[-1], v.shape[-1]) or not fits(form)
-                or not _finite(xp, floating)):
+                or not _bounded(xp, name, call, named)):
             return NotImplemented
         try:
             return launch_forward(form, _KERNEL, interpret=INTERPRETER, precision=PRECISION)
