@@ -39,6 +39,18 @@ __all__ = [
 ]
 
 
+#: What a suite on disk can make reading raise: said in one line, never a traceback.
+_USER_ERRORS = (ValueError, TypeError, OSError, OverflowError, RecursionError, MemoryError)
+
+
+def _say(exc: BaseException) -> str:
+    if isinstance(exc, MemoryError):
+        return f"out of memory ({str(exc) or 'no details'})"
+    if isinstance(exc, RecursionError):
+        return "input nested too deeply to read"
+    return " ".join((str(exc) or type(exc).__name__).split())
+
+
 def pytest_addoption(parser: Any) -> None:
     group = parser.getgroup("relpos-ref", "relpos-ref golden fixtures")
     group.addoption(
@@ -80,18 +92,18 @@ def pytest_configure(config: Any) -> None:
     directory, option = golden_dir(config)
     if directory is None:
         return
-    from .golden import SuiteError, load_suite
+    from .golden import load_suite
 
     try:
         suite = load_suite(directory)
-    except SuiteError as exc:
-        raise pytest.UsageError(f"{option}: {exc}") from None
+    except _USER_ERRORS as exc:  # said in one line, never an INTERNALERROR
+        raise pytest.UsageError(f"{option}: {_say(exc)}") from None
     try:
         config._relpos_ref_entries = suite.select(
             config.getoption("--golden-select"), option="--golden-select"
         )
-    except SuiteError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    except _USER_ERRORS as exc:
+        raise pytest.UsageError(_say(exc)) from None
     config._relpos_ref_suite = suite
 
 
@@ -120,9 +132,7 @@ def golden_case(request: Any) -> Any:
     a re-derivation of what it claims are checked first, and a case that
     fails them errors this test with the reason (no traceback).
     """
-    from .golden import SuiteError
-
     try:
         return request.config._relpos_ref_suite.load(request.param)
-    except SuiteError as exc:
-        pytest.fail(f"golden case {request.param}: {exc}", pytrace=False)
+    except _USER_ERRORS as exc:
+        pytest.fail(f"golden case {request.param}: {_say(exc)}", pytrace=False)

@@ -38,9 +38,11 @@ MODULES = [
     "relpos_ref.schemes._tables",
     "relpos_ref.blocked",
     "relpos_ref.golden",
+    "relpos_ref.golden.casefile",
     "relpos_ref.golden.cases",
     "relpos_ref.golden.dtypes",
     "relpos_ref.golden.fileformat",
+    "relpos_ref.golden.paths",
     "relpos_ref.golden.tolerance",
     "relpos_ref.testing",
 ]

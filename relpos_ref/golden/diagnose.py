@@ -346,24 +346,23 @@ def diagnose(golden: str | os.PathLike[str], obtained: str | os.PathLike[str], *
     >>> [d.matches_golden for d in diagnose(root / "golden", root / "mine")]
     [True, True]
     """
-    from .fileformat import loads_file
     from .paths import SuiteError
-    from .suite import _result_files, load_suite
+    from .results import read_result, result_files
+    from .suite import load_suite
 
     suite = load_suite(golden)
     obtained = Path(obtained)
     if not obtained.is_dir():
         msg = f"{obtained} is not a directory of results (one file per case)"
         raise SuiteError(msg)
-    files = _result_files(obtained, suite)
+    files = result_files(obtained, suite)
     out = []
     for entry in suite.select(select):
         cid = entry["id"]
         if cid not in files:
             continue
         path = obtained / files[cid]
-        arrays = loads_file(path.read_bytes(), path,
-                            dtypes={n: entry["dtype"] for n in entry["arrays"]})
+        arrays = read_result(path, entry)
         if "output" not in arrays:
             msg = f"{path} holds no `output`; diagnose compares outputs"
             raise SuiteError(msg)

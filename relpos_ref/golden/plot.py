@@ -144,12 +144,12 @@ def plot_report(golden: str | os.PathLike[str], obtained: str | os.PathLike[str]
     >>> [p.name for p in plot_report(root / "golden", root / "mine", report, root / "plots")]
     ['bias__clip__b1-h3-q7-k11-d8-K3__float32__s0.png']
     """
-    from .fileformat import loads_file
-    from .suite import _result_files, load_suite
+    from .results import read_result, result_files
+    from .suite import load_suite
 
     _pyplot()  # refuse before any work when matplotlib is missing
     suite = load_suite(golden)
-    files = _result_files(Path(obtained), suite)
+    files = result_files(Path(obtained), suite)
     written = []
     for cid, results in report.results.items():
         names = [r.name for r in results if not r.passed and r.size]
@@ -157,7 +157,6 @@ def plot_report(golden: str | os.PathLike[str], obtained: str | os.PathLike[str]
             continue
         entry = suite.cases[cid]
         path = Path(obtained) / files[cid]
-        arrays = loads_file(path.read_bytes(), path,
-                            dtypes={n: entry["dtype"] for n in entry["arrays"]})
+        arrays = read_result(path, entry)
         written.append(plot_case(suite.load(cid), arrays, names, out))
     return written

@@ -48,7 +48,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import paths
+from . import paths, sharing
 from .manifest import MANIFEST, SCHEMA
 from .paths import SuiteError, check_out, entries, kind_of, resolve
 
@@ -229,7 +229,9 @@ def _remove(path: Path) -> None:
 def install(new: Path, out: Path) -> None:
     """Swap the complete suite `new` into `out` (existing or not) under the journal.
 
-    Call while holding `locked`. `out`, when it exists, is a directory.
+    Call while holding `locked`. `out`, when it exists, is a directory; a
+    reader in the middle of a read of it (`relpos_ref.golden.sharing`) is
+    waited for before it moves, and learns afterwards that it was replaced.
     """
     journal = _journal(out)
     old = None
@@ -237,20 +239,21 @@ def install(new: Path, out: Path) -> None:
         old = _sibling(out, f"old-{secrets.token_hex(4)}")
     record = {"new": new.name, "old": old.name if old else None}
     staged = _sibling(out, "swap-tmp")
-    paths.write_new(staged, json.dumps(record).encode())
-    os.replace(staged, journal)
-    try:
+    with sharing.exclusive(out):  # a read in progress finishes first
+        paths.write_new(staged, json.dumps(record).encode())
+        os.replace(staged, journal)
+        try:
+            if old is not None:
+                os.rename(out, old)
+            os.rename(new, out)
+        except BaseException:
+            # Ctrl-C or a failed rename: the new suite is complete, so finish (or undo)
+            # now, as the next run would; never leave the path empty.
+            recover(out)
+            raise
+        journal.unlink()
         if old is not None:
-            os.rename(out, old)
-        os.rename(new, out)
-    except BaseException:
-        # Ctrl-C or a failed rename: the new suite is complete, so finish (or undo) now,
-        # as the next run would; never leave the path empty.
-        recover(out)
-        raise
-    journal.unlink()
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def journaled(out: Path) -> bool:
