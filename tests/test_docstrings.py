@@ -43,6 +43,7 @@ MODULES = [
     "relpos_ref.golden.dtypes",
     "relpos_ref.golden.fileformat",
     "relpos_ref.golden.paths",
+    "relpos_ref.golden.rederive",
     "relpos_ref.golden.tolerance",
     "relpos_ref.testing",
 ]

@@ -31,7 +31,7 @@ from .manifest import FORMAT_VERSION, MANIFEST, SCHEMA, render, schema_path
 from .paths import SuiteError, entries
 from .pipeline import golden_arrays, is_gradient, naive_arrays, naive_method
 from .progress import Progress
-from .tolerance import RULE, derive_tolerance
+from .tolerance import RULE, derive_tolerance, naive_environment
 
 __all__ = [
     "GOLDEN_BACKENDS",
@@ -178,6 +178,7 @@ def _generator(backend: GoldenBackend) -> dict[str, Any]:
         "backend": backend.name,
         "python": platform.python_version(),
         "libraries": libraries,
+        "naive_environment": naive_environment(),
     }
 
 

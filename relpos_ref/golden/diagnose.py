@@ -294,11 +294,11 @@ def diagnose_case(case: Any, output: Any) -> CaseDiagnosis:
     ('table-reversed', True)
     """
     obtained = to_numpy(output).astype(np.float64)
-    golden = case.expected["output"]
+    golden = case.golden("output")
     if obtained.shape != golden.shape:
         msg = f"`output` must have shape {golden.shape}, got {obtained.shape}"
         raise ValueError(msg)
-    atol = float(case.tolerance("output")["atol"])
+    atol = case.limit("output")
     _, golden_ratio = _ratio(obtained, golden, atol)
     diagnosis = CaseDiagnosis(case.id, golden_ratio)
     inputs = {n: (a if a.dtype == bool else a.astype(np.float64))

@@ -86,14 +86,14 @@ def plot_case(case: Any, obtained: Mapping[str, Any], names: list[str],
     plt = _pyplot()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    maps = {n: error_maps(to_numpy(obtained[n]), case.arrays[n]) for n in names}
+    maps = {n: error_maps(to_numpy(obtained[n]), case.golden(n)) for n in names}
     columns = min(MAX_HEADS, max(m.shape[0] for m in maps.values()))
     from matplotlib.ticker import MaxNLocator
 
     figure, axes = plt.subplots(len(maps), columns, squeeze=False, layout="constrained",
                                 figsize=(2.6 * columns + 1.2, 2.8 * len(maps) + 0.6))
     for row, (name, m) in enumerate(maps.items()):
-        atol = float(case.tolerance(name)["atol"])
+        atol = case.limit(name)
         finite = m[np.isfinite(m)]
         top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
         rows, cols = ("query i", "key j") if name in _PAIR_AXES else ("row", "feature")

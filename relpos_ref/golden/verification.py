@@ -159,4 +159,4 @@ def _verify_case(suite: Suite, entry: dict[str, Any], backend: str, report: Veri
             problems.append(f"{cid}: `{name}` SHA-256 differs from the manifest (data changed)")
     if problems:
         return problems
-    return case_problems(entry, stored, backend=backend)
+    return case_problems(entry, stored, backend=backend, environment=suite.environment)
