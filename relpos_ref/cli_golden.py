@@ -87,7 +87,8 @@ def add_commands(sub: Any) -> None:
         description=(
             "Compare results stored under the suite's array names, one file per case named "
             "like the suite's (.safetensors or .npz), with the goldens and their tolerances. "
-            "Exit status 0: all match; 1: a mismatch; 2: unusable input."
+            "Exit status 0: every selected case has a result and matches; 1: a mismatch, or "
+            "a selected case without a result (unless --allow-missing); 2: unusable input."
         ),
     )
     p.add_argument("dir", metavar="DIR", help="the golden suite")
@@ -97,6 +98,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--gradients", action="store_true",
                    help="require every case's gradients too (dq, dk, dv, d_<table>), "
                         "for testing a backward pass")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="accept selected cases that have no result file (by default each "
+                        "one fails the check, so part of a suite never passes as the whole)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--verbose", action="store_true", help="also list matching cases")
     p.add_argument("--plot", metavar="DIR",
@@ -204,7 +208,7 @@ def run(args: argparse.Namespace) -> tuple[int, str]:
 
             _pyplot()  # matplotlib missing: say so before comparing anything
         report = golden.check(args.dir, args.obtained, select=args.select,
-                              gradients=args.gradients)
+                              gradients=args.gradients, allow_missing=args.allow_missing)
         if args.plot is not None:
             from .golden.plot import plot_report
 

@@ -38,19 +38,23 @@ class CheckReport:
     """Results of `check`: per case, the array comparisons and what was missing.
 
     A case matches only when every array in `REQUIRED` was given and every
-    array given is within its tolerance.
+    array given is within its tolerance. The report is `ok` only when every
+    selected case has a result and matches, or, with `allow_missing`, every
+    case that has one matches.
     """
 
     results: dict[str, list[ArrayResult]] = field(default_factory=dict)
     incomplete: dict[str, list[str]] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    allow_missing: bool = False
 
     def _passed(self, cid: str) -> bool:
         return cid not in self.incomplete and all(r.passed for r in self.results[cid])
 
     @property
     def ok(self) -> bool:
-        return all(self._passed(cid) for cid in self.results)
+        complete = self.allow_missing or not self.missing
+        return complete and all(self._passed(cid) for cid in self.results)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -58,6 +62,7 @@ class CheckReport:
             "ok": self.ok,
             "checked": len(self.results),
             "not_provided": self.missing,
+            "allow_missing": self.allow_missing,
             "cases": {
                 cid: {
                     "passed": self._passed(cid),
@@ -69,7 +74,8 @@ class CheckReport:
         }
 
     def lines(self, *, verbose: bool = False) -> Iterable[str]:
-        """Readable report: failing cases with every array, passing ones in a count."""
+        """Readable report: failing cases with every array, passing ones in a count, and
+        the selected cases without a result (failures, unless `allow_missing`)."""
         failed = 0
         for cid, rs in self.results.items():
             bad = not self._passed(cid)
@@ -80,10 +86,25 @@ class CheckReport:
                     yield f"     {name}: MISSING, the results must hold the case's `{name}`"
                 for r in rs:
                     yield f"     {r.summary()}"
-        yield (
-            f"{len(self.results) - failed} of {len(self.results)} case(s) match"
-            + (f"; {len(self.missing)} case(s) not provided" if self.missing else "")
-        )
+        if self.missing and not self.allow_missing:
+            for cid in self.missing[:SHOWN_MISSING]:
+                yield f"FAIL {cid}: no result file"
+            if len(self.missing) > SHOWN_MISSING:
+                yield f"     ... and {len(self.missing) - SHOWN_MISSING} more with no result file"
+        counted = len(self.results) - failed
+        if not self.missing:
+            yield f"{counted} of {len(self.results)} case(s) match"
+        elif self.allow_missing:
+            yield (f"{counted} of {len(self.results)} case(s) match; {len(self.missing)} "
+                   "selected case(s) have no result and were not checked (--allow-missing)")
+        else:
+            total = len(self.results) + len(self.missing)
+            yield (f"{counted} of {total} selected case(s) match; {len(self.missing)} have no "
+                   "result (pass --allow-missing to check only the cases given)")
+
+
+#: How many selected cases without a result `CheckReport.lines` names one by one.
+SHOWN_MISSING = 10
 
 
 def result_files(obtained: Path, suite: Suite) -> dict[str, str]:
@@ -154,6 +175,7 @@ def check(
     *,
     select: Sequence[str] | None = None,
     gradients: bool = False,
+    allow_missing: bool = False,
 ) -> CheckReport:
     """Compare files of someone's results with a suite.
 
@@ -172,6 +194,15 @@ def check(
         ``dk``, ``dv`` and ``d_<table>``, computed with the case's
         ``d_output``), for testing a backward pass. Without it, gradients a
         file holds are compared and those it lacks are not required.
+    allow_missing : bool
+        Accept selected cases that have no result file (they are counted,
+        and not checked). By default such a case fails the report, so
+        results for part of a suite never pass as the whole.
+
+    Returns
+    -------
+    CheckReport
+        ``ok`` when every selected case has a result and it matches.
 
     Raises
     ------
@@ -181,10 +212,30 @@ def check(
         golden file, results in the suite itself; arrays that cannot be
         compared (wrong name, shape or dtype) or read; a case whose manifest
         entry does not re-derive.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from relpos_ref import golden
+    >>> from relpos_ref.golden.fileformat import dumps
+    >>> root = Path(tempfile.mkdtemp())
+    >>> cases = golden.default_cases().select(["bias/decode-step/*"],
+    ...                                       dtypes=["float32", "float64"])
+    >>> _ = golden.generate(root / "golden", cases)
+    >>> case = golden.load_suite(root / "golden").load(cases[0].id)
+    >>> (root / "mine").mkdir()  # a result for the first case only
+    >>> _ = (root / "mine" / case.entry["file"]).write_bytes(
+    ...     dumps({"output": case.golden("output").astype("float32")}, "safetensors"))
+    >>> golden.check(root / "golden", root / "mine").ok
+    False
+    >>> golden.check(root / "golden", root / "mine", allow_missing=True).ok
+    True
     """
     for attempt in range(RETRIES + 1):
         try:
-            return _check(golden, Path(obtained), select, gradients, pin=attempt == RETRIES)
+            return _check(golden, Path(obtained), select, gradients, allow_missing,
+                          pin=attempt == RETRIES)
         except SuiteReplacedError:
             print(f"relpos-ref: note: {golden} was replaced by relpos-ref generate while the "
                   "results were being checked; checking them against the new suite",
@@ -194,7 +245,7 @@ def check(
 
 
 def _check(golden: str | os.PathLike[str], obtained: Path, select: Sequence[str] | None,
-           gradients: bool, *, pin: bool) -> CheckReport:
+           gradients: bool, allow_missing: bool, *, pin: bool) -> CheckReport:
     suite = load_suite(golden)
     with suite, suite.pinned(pin):
         if not obtained.is_dir():
@@ -204,7 +255,7 @@ def _check(golden: str | os.PathLike[str], obtained: Path, select: Sequence[str]
             msg = f"{obtained} is the suite itself; results go in a directory of their own"
             raise SuiteError(msg)
         files = result_files(obtained, suite)
-        report = CheckReport()
+        report = CheckReport(allow_missing=allow_missing)
         errors = []
         selected = suite.select(select)
         for entry in selected:
