@@ -356,6 +356,9 @@ def _base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
                                  "causal": True, "per_head": True}),
         ("bias", "decode-step", {"h": 2, "t_q": 1, "t_k": 16, "d": 8, "K": 4, "causal": True,
                                  "q_offset": 15, "scale": 1.0}),
+        # ... and at the default scale 1/sqrt(d): a kernel that scales its bias fails here
+        ("bias", "decode-step-scaled", {"h": 2, "t_q": 1, "t_k": 16, "d": 8, "K": 4,
+                                        "causal": True, "q_offset": 15}),
         ("bias", "asymmetric-zero", {"h": 2, "t_q": 7, "t_k": 10, "d": 8, "K": 3, "P": 1,
                                      "beyond": "zero", "per_head": True}),
         # music: one-sided causal table through the skew
@@ -383,6 +386,11 @@ def _base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
         ("t5", "causal-decode", {"h": 2, "t_q": 4, "t_k": 64, "d": 8, "buckets": 32,
                                  "max_distance": 32, "bidirectional": False, "causal": True,
                                  "q_offset": 60, "per_head": True}),
+        # T5 with a scale (a port that scales q k^T): the bias must stay unscaled
+        ("t5", "causal-decode-scaled", {"h": 2, "t_q": 4, "t_k": 64, "d": 8, "buckets": 32,
+                                        "max_distance": 32, "bidirectional": False,
+                                        "causal": True, "q_offset": 60, "per_head": True,
+                                        "scale": 0.5}),
         # alibi: linear biases, slopes for head counts that are not powers of two
         ("alibi", "symmetric", {"h": 6, "t_q": 9, "t_k": 13, "d": 8}),
         ("alibi", "causal-end", {"h": 5, "t_q": 4, "t_k": 12, "d": 8, "causal": True,
@@ -421,7 +429,7 @@ def default_cases() -> CaseRegistry:
     --------
     >>> reg = default_cases()
     >>> len(reg), len({c.scheme for c in reg})
-    (152, 12)
+    (160, 12)
     >>> sorted({c.scheme for c in reg})[:6]
     ['absolute', 'alibi', 'bias', 'deberta', 'general', 'grid2d']
     """

@@ -310,8 +310,14 @@ class Suite:
         if data is None:
             msg = f"{path} is missing; run `relpos-ref verify {self.path}`"
             raise SuiteError(msg)
-        if hashlib.sha256(data).hexdigest() != entry["file_sha256"]:
-            msg = f"{path} does not match its SHA-256 in the manifest; regenerate the suite"
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != entry["file_sha256"]:
+            other = next((c for c, e in self.cases.items() if e["file_sha256"] == digest), None)
+            if other is not None:
+                msg = (f"{path}: this file holds another case ({other}), not {case_id}; case "
+                       "files were swapped or copied: regenerate the suite")
+            else:
+                msg = f"{path} does not match its SHA-256 in the manifest; regenerate the suite"
             raise SuiteError(msg)
         try:
             dtypes = {name: array["dtype"] for name, array in entry["arrays"].items()}
