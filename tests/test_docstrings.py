@@ -40,10 +40,12 @@ MODULES = [
     "relpos_ref.golden",
     "relpos_ref.golden.casefile",
     "relpos_ref.golden.cases",
+    "relpos_ref.golden.compare",
     "relpos_ref.golden.dtypes",
     "relpos_ref.golden.fileformat",
     "relpos_ref.golden.paths",
     "relpos_ref.golden.rederive",
+    "relpos_ref.golden.results",
     "relpos_ref.golden.tolerance",
     "relpos_ref.testing",
 ]

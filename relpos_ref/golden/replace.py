@@ -147,7 +147,8 @@ def _open_lock(lock: Path, out: Path) -> int:
         msg = f"cannot write to {out.parent} ({exc.strerror})"
         raise SuiteError(msg) from None
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+    # (no name at all is fine: the holder before us removed it, and `locked` opens again)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
         os.close(fd)
         kind = "file with another name (a hard link)" if stat.S_ISREG(info.st_mode) \
             else kind_of(lock) or "special file"
@@ -291,13 +292,15 @@ def recover(out: Path) -> str | None:
     return done
 
 
-def read_journal(out: Path) -> tuple[Path, Path | None] | None:
+def read_journal(out: Path, *, directories: bool = True) -> tuple[Path, Path | None] | None:
     """The new and previous suites a journal beside `out` names, or ``None`` without one.
 
     Accepted only as `install` writes it: a plain file (a link is not
     followed) of JSON ``{"new": ".NAME.tmp-<8 hex>", "old": ".NAME.old-<8 hex>" or
     null}``, naming real directories (not links) that hold what a suite holds,
     the new one with its manifest (it is written last, before the journal).
+    The directories are looked at only with `directories` (under the lock:
+    a `generate` in the middle of its swap moves and removes them).
 
     Raises
     ------
@@ -339,7 +342,7 @@ def read_journal(out: Path) -> tuple[Path, Path | None] | None:
                    "remove it by hand")
             raise SuiteError(msg)
         path = out.parent / name
-        kind = kind_of(path)
+        kind = kind_of(path) if directories else None
         if kind is not None and not (_suite_like(path) and (
                 role == "old" or kind_of(path / MANIFEST) == "file")):
             what_it_is = f"a {kind}" if kind != "directory" else \
@@ -398,7 +401,9 @@ def recover_if_needed(path: str | os.PathLike[str]) -> str | None:
     if not out.name or out.is_symlink():
         return None
     if kind_of(_journal(out)) is not None or kind_of(_sibling(out, "swap-tmp")) is not None:
-        read_journal(out)  # a journal relpos-ref did not write is refused before the lock
+        # a journal relpos-ref did not write is refused before the lock; its directories
+        # are looked at under it (a generate swapping now moves them)
+        read_journal(out, directories=False)
         with locked(out, wait=True):
             return recover(out)
     if not (_leftovers(out, "tmp") or _leftovers(out, "old")):

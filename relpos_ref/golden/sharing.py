@@ -79,9 +79,13 @@ class Reading:
     ----------
     path : Path
         The suite directory (a symbolic link to one is followed: the user named it).
+    hold : bool
+        Keep the shared lock from the start until `close`: a replacement
+        waits for this reader (for a reader overtaken by replacements
+        already, so that it finishes).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, hold: bool = False) -> None:
         self.path = path
         self._fd: int | None = None
         self._pinned = False
@@ -93,9 +97,10 @@ class Reading:
             _flock(fd, fcntl.LOCK_SH, f"waiting for the relpos-ref generate replacing "
                                       f"{path} to finish")
             here = self._identity()
-            fcntl.flock(fd, fcntl.LOCK_UN)
             if here == _identity(os.fstat(fd)):
-                self._fd, self._id = fd, here
+                self._fd, self._id, self._pinned = fd, here, hold
+                if not hold:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
                 return
             os.close(fd)
         msg = f"{path} is being replaced again and again; run again when it is not"
@@ -140,7 +145,7 @@ class Reading:
         if self._fd is None:
             msg = f"{self.path} was closed"
             raise SuiteError(msg)
-        if fcntl is None or self._pinned:  # pragma: no branch - Windows, or already held
+        if fcntl is None or self._pinned:  # Windows, or held since it was opened
             yield self._fd
             return
         _flock(self._fd, fcntl.LOCK_SH, f"waiting for the relpos-ref generate replacing "
@@ -156,26 +161,6 @@ class Reading:
             msg = (f"{self.path} was replaced (by relpos-ref generate) after it was "
                    "opened; open it again")
             raise SuiteReplacedError(msg)
-
-    @contextlib.contextmanager
-    def pinned(self) -> Iterator[None]:
-        """Hold the shared lock throughout: a replacement waits until the block ends.
-
-        For a reader that was overtaken by replacements already (`verify`,
-        `check`: their last try), so that it finishes.
-        """
-        if fcntl is None or self._fd is None:  # pragma: no cover - Windows
-            yield
-            return
-        _flock(self._fd, fcntl.LOCK_SH, f"waiting for the relpos-ref generate replacing "
-                                        f"{self.path} to finish")
-        self._pinned = True
-        try:
-            self._check()
-            yield
-        finally:
-            self._pinned = False
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         if self._fd is not None:

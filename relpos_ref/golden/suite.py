@@ -11,7 +11,6 @@ manifest allows.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
@@ -255,13 +254,6 @@ class Suite:
         with self._reading.hold() as fd:
             return entries(fd)
 
-    def pinned(self, pin: bool = True) -> contextlib.AbstractContextManager[None]:
-        """With `pin`, keep this suite from being replaced until the block ends (a
-        `generate --force` waits, saying so); without, nothing."""
-        if not pin or self._reading is None:
-            return contextlib.nullcontext()
-        return self._reading.pinned()
-
     def close(self) -> None:
         """Close the suite directory (reading from it afterwards is refused)."""
         if self._reading is not None:
@@ -347,7 +339,7 @@ def case_file_limit(entry: Mapping[str, Any]) -> int:
     return file_limit({n: (a["dtype"], a["shape"]) for n, a in entry["arrays"].items()})
 
 
-def load_suite(path: str | os.PathLike[str]) -> Suite:
+def load_suite(path: str | os.PathLike[str], *, hold: bool = False) -> Suite:
     """Open a suite directory, checking its manifest (structure, digest, version, names).
 
     A `generate` killed while replacing `path` is finished or undone first
@@ -355,11 +347,12 @@ def load_suite(path: str | os.PathLike[str]) -> Suite:
     `generate` is swapping a new suite in, this waits for it (saying so on
     stderr) and opens the new one. The directory stays open: every later
     read is of this suite, or a `relpos_ref.golden.sharing.SuiteReplacedError`
-    when it was replaced since.
+    when it was replaced since. With `hold`, the suite cannot be replaced
+    until `Suite.close` (a `generate --force` waits for it, saying so).
     """
     path = Path(path)
     recovered = recover_if_needed(path)
-    reading = Reading(path)
+    reading = Reading(path, hold=hold)
     suite = Suite(path, {"cases": []}, recovered, reading)
     data = suite.read(MANIFEST, limit=MAX_MANIFEST_BYTES, what="a manifest")
     if data is None:

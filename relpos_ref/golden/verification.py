@@ -74,14 +74,14 @@ def verify(
         except SuiteReplacedError:
             print(f"relpos-ref: note: {path} was replaced by relpos-ref generate while it "
                   "was being verified; verifying the new suite", file=sys.stderr, flush=True)
-    msg = f"{path} was replaced while being verified"  # pragma: no cover - pinned last
+    msg = f"{path} was replaced while being verified"  # pragma: no cover - held on the last try
     raise SuiteError(msg)
 
 
 def _verify(path: str | os.PathLike[str], backend: str, progress: Progress | None, *,
             pin: bool) -> VerifyReport:
-    suite = load_suite(path)
-    with suite, suite.pinned(pin):
+    suite = load_suite(path, hold=pin)
+    with suite:
         report = VerifyReport(suite.path, recovered=suite.recovered)
         manifest = suite.manifest
         for key, want in (("tolerance_rule", RULE), ("naive_pipeline", NAIVE_PIPELINE)):
