@@ -22,7 +22,8 @@ __all__ = ["EXIT_CODES", "VIEWS", "format_matrix", "main"]
 #: What each exit status of ``relpos-ref`` means.
 EXIT_CODES = {
     0: "success (for verify and check: the suite is intact, every case matches)",
-    1: "verify found problems, or check found a case that does not match",
+    1: "verify found problems, or check found a case that does not match or has no "
+       "result (see check --allow-missing)",
     2: "a usage error or unusable input: a bad flag, a suite or results that cannot be read",
     70: "an internal error (a bug: rerun with RELPOS_REF_DEBUG=1 for the traceback)",
     130: "interrupted (Ctrl-C); a suite being written is the previous one or the new one, whole",

@@ -87,7 +87,8 @@ def add_commands(sub: Any) -> None:
         description=(
             "Compare results stored under the suite's array names, one file per case named "
             "like the suite's (.safetensors or .npz), with the goldens and their tolerances. "
-            "Exit status 0: all match; 1: a mismatch; 2: unusable input."
+            "Exit status 0: every selected case has a result and matches; 1: a mismatch, or "
+            "a selected case without a result (unless --allow-missing); 2: unusable input."
         ),
     )
     p.add_argument("dir", metavar="DIR", help="the golden suite")
@@ -97,6 +98,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--gradients", action="store_true",
                    help="require every case's gradients too (dq, dk, dv, d_<table>), "
                         "for testing a backward pass")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="accept selected cases that have no result file (by default each "
+                        "one fails the check, so part of a suite never passes as the whole)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--verbose", action="store_true", help="also list matching cases")
     p.add_argument("--plot", metavar="DIR",
@@ -112,16 +116,19 @@ def _add_diagnose(sub: Any) -> None:
         description=(
             "For each case whose results file holds an `output` that misses the golden, "
             "recompute the case with each known convention mistake (table reversed, "
-            "clipping at K-1, start/end-aligned queries, scale on the bias, shared tables, "
-            "causal r < 0, ...) and report which one the output matches, in units of the "
-            "case's tolerance. Exit status 0: every output matches its golden; 1: some do "
-            "not; 2: unusable input."
+            "clipping at K-1, start/end-aligned queries, q_offset off by one, scale on the "
+            "bias, shared tables, causal r < 0, T5's causal sign, ...) and report which one "
+            "the output matches, in units of the case's tolerance. Only mismatching cases "
+            "are listed (--all lists every case). Exit status 0: every output matches its "
+            "golden; 1: some do not; 2: unusable input."
         ),
     )
     p.add_argument("dir", metavar="DIR", help="the golden suite")
     p.add_argument("obtained", metavar="OBTAINED", help="directory with your results")
     p.add_argument("--select", action="append", metavar="GLOB",
                    help="only cases whose id matches GLOB (repeatable)")
+    p.add_argument("--all", action="store_true",
+                   help="also list the cases whose output matches its golden")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
 
 
@@ -191,9 +198,10 @@ def run(args: argparse.Namespace) -> tuple[int, str]:
         _note(golden.load_suite(args.dir).recovered)
         found = diagnose(args.dir, args.obtained, select=args.select)
         ok = all(d.matches_golden for d in found)
+        shown = [d for d in found if args.all or not d.matches_golden]
         if args.json:
-            return (0 if ok else 1), json.dumps([d.as_dict() for d in found], indent=1)
-        lines = [line for d in found for line in d.lines()]
+            return (0 if ok else 1), json.dumps([d.as_dict() for d in shown], indent=1)
+        lines = [line for d in shown for line in d.lines()]
         bad = sum(not d.matches_golden for d in found)
         lines.append(f"{len(found) - bad} of {len(found)} case(s) match their golden")
         return (0 if ok else 1), "\n".join(lines)
@@ -204,7 +212,7 @@ def run(args: argparse.Namespace) -> tuple[int, str]:
 
             _pyplot()  # matplotlib missing: say so before comparing anything
         report = golden.check(args.dir, args.obtained, select=args.select,
-                              gradients=args.gradients)
+                              gradients=args.gradients, allow_missing=args.allow_missing)
         if args.plot is not None:
             from .golden.plot import plot_report
 

@@ -37,9 +37,9 @@ def assert_matches(
     Raises
     ------
     AssertionError
-        With one line per array: the worst element, the tolerance and the
-        ratio of the error to the naive pipeline's; or naming a required
-        array that `outputs` lacks.
+        With one line per array: the worst error in units of the tolerance,
+        the tolerance and where; or naming a required array that `outputs`
+        lacks.
     relpos_ref.golden.ObtainedError
         Unknown names, wrong shapes or dtypes.
 
@@ -56,7 +56,7 @@ def assert_matches(
     Traceback (most recent call last):
     ...
     AssertionError: golden case demo does not match:
-      output: MISMATCH 1/2, max |err| 0.1 at [1] (obtained 2.0999999, golden 2), atol 1e-06, 1e+06x the naive error
+      output: MISMATCH 1/2, max |err| 0.1 = 1e+05x the tolerance (atol 1e-06) at [1]: obtained 2.0999999, golden 2
     >>> assert_matches(case, {"weights": np.ones(2)})
     Traceback (most recent call last):
     ...
@@ -95,16 +95,20 @@ def _diagnosis(case: Any, output: Any) -> list[str]:
     """One line naming the known convention mistake a wrong `output` matches, if any."""
     if "scheme" not in case.entry:  # a hand-made case without its parameters
         return []
-    from .golden.diagnose import diagnose_case
+    from .golden.diagnose import MUCH_CLOSER, diagnose_case
 
     found = diagnose_case(case, output)
     matched = [v for v in found.variants if v.matches]
     if matched:
         names = ", ".join(v.name for v in matched)
         return [f"  diagnosis: the output matches the mistake {names} "
-                f"({matched[0].ratio:.2g}x its tolerance); `relpos-ref diagnose` lists them"]
+                f"({matched[0].ratio:.2g}x the tolerance); `relpos-ref diagnose` lists them"]
     if not found.variants:
         return []
-    near = found.variants[0]
-    return [f"  diagnosis: no known convention mistake matches (nearest: {near.name}, "
-            f"{near.ratio:.3g}x the tolerance)"]
+    near = found.nearest
+    if near is None:
+        return [f"  diagnosis: no known convention mistake matches or comes {MUCH_CLOSER:g} "
+                "times closer than the golden"]
+    return [f"  diagnosis: no known convention mistake matches; the nearest, {near.name}, is "
+            f"at {near.ratio:.3g}x the tolerance ({found.golden_ratio / near.ratio:.3g} times "
+            "closer than the golden)"]

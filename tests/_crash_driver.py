@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
 from relpos_ref import golden
-from relpos_ref.golden import build
+from relpos_ref.golden import build, paths
 
 OLD = ["bias/decode-step/*"]
 NEW = ["shaw/clip/*"]
@@ -29,7 +28,7 @@ NEW = ["shaw/clip/*"]
 # The steps a generate takes on the file system, each one a place to die.
 STEPS = [
     (os, "mkdir"), (os, "rename"), (os, "replace"), (os, "unlink"), (os, "rmdir"),
-    (Path, "write_bytes"), (Path, "write_text"), (shutil, "copyfile"), (build, "build_case"),
+    (paths, "write_new"), (build, "build_case"),
 ]
 
 

@@ -111,3 +111,22 @@ def run_pytest(project: Path, *args: str) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
         cwd=project, capture_output=True, text=True, env=env, timeout=300, check=False,
     )
+
+
+class PluginConfig:
+    """The parts of a pytest ``Config`` the relpos-ref plugin reads, for calling its hooks
+    in this process (faster than a pytest run; `run_pytest` covers the real thing)."""
+
+    def __init__(self, golden_dir: str | None = None, select: list[str] | None = None,
+                 ini: dict[str, Any] | None = None, **options: Any) -> None:
+        self.options = {"--golden-dir": golden_dir, "--golden-select": select,
+                        **{f"--{k.replace('_', '-')}": v for k, v in options.items()}}
+        self.ini = ini or {}
+        self.inipath = None
+        self.rootpath = Path.cwd()
+
+    def getoption(self, name: str) -> Any:
+        return self.options.get(name)
+
+    def getini(self, name: str) -> Any:
+        return self.ini.get(name)

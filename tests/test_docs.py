@@ -25,6 +25,7 @@ from relpos_ref.cli import build_parser
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 sys.path.insert(0, str(DOCS / "_ext"))
+import golden_tables  # noqa: E402
 import worked  # noqa: E402
 
 PAGES = sorted(
@@ -310,10 +311,28 @@ def test_license_and_changelog_match_the_package():
     assert (root / "relpos_ref" / "py.typed").is_file()
 
 
+def test_the_golden_kwargs_of_asymmetric_cases_are_in_the_table():
+    # issue 26: the table comes from the catalog, so max_past (asymmetric cases) is in it
+    from relpos_ref import golden
+
+    table = golden_tables.golden_parameter_rows()
+    rows = {line.split("|")[1].strip(" `"): line for line in table.splitlines()[2:]}
+    asymmetric = [c for c in golden.default_cases() if c.parameters.get("P") is not None]
+    assert {c.scheme for c in asymmetric} == {"shaw", "bias"}
+    for case in asymmetric:
+        from relpos_ref.golden.pipeline import call_keywords
+
+        kwargs = call_keywords(case.entry, case.parameters)
+        assert kwargs["max_past"] == case.parameters["P"]
+        cell = rows[case.scheme].split(" | ")[2]
+        assert all(f"`{k}`" in cell for k in kwargs), (case.id, cell)
+        assert "`max_past` (cases with `P`: asymmetric)" in cell
+
+
 def test_the_golden_params_table_covers_the_catalog_and_says_the_kwargs(tmp_path):
     from relpos_ref import catalog, golden
 
-    table = worked.golden_parameter_rows()
+    table = golden_tables.golden_parameter_rows()
     rows = {line.split("|")[1].strip(" `"): line for line in table.splitlines()[2:]}
     assert set(rows) == set(catalog.names())
     out = tmp_path / "suite"
@@ -322,7 +341,10 @@ def test_the_golden_params_table_covers_the_catalog_and_says_the_kwargs(tmp_path
     for cid in opened.cases:
         case = opened.load(cid)
         kwargs_cell = rows[case.scheme].split(" | ")[2]
-        assert kwargs_cell == ", ".join(f"`{k}`" for k in case.kwargs), case.scheme
+        assert kwargs_cell == ", ".join(golden_tables.golden_kwargs(catalog.get(case.scheme)))
+        listed = [k.split("`")[1] for k in kwargs_cell.split(", ")]
+        conditional = [k.split("`")[1] for k in kwargs_cell.split(", ") if "(cases with" in k]
+        assert list(case.kwargs) == [k for k in listed if k not in conditional], case.scheme
         gradients_cell = rows[case.scheme].split(" | ")[4].rstrip(" |")
         listed = set(gradients_cell.split(", "))
         stored = {f"`{g}`" for g in case.gradient_names}

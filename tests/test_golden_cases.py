@@ -247,7 +247,7 @@ def test_goldens_agree_across_backends(name):
     reason = adapter.unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    from relpos_ref.golden.suite import golden_backend, goldens_on
+    from relpos_ref.golden.build import golden_backend, goldens_on
 
     be = golden_backend(name)
     for case in FLOAT64:

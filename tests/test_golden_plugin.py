@@ -59,10 +59,11 @@ def test_the_command_line_overrides_the_ini_option(small, tmp_path):
     assert "golden_dir (ini): " in run.stderr and "nowhere is not a directory" in run.stderr
 
 
-def test_without_a_suite_the_tests_skip_saying_how_to_give_one(tmp_path):
-    run = run_pytest(_project(tmp_path, RIGHT), "-rs")
-    assert run.returncode == 0
-    assert "no --golden-dir given (nor golden_dir in the ini file)" in run.stdout
+def test_without_a_suite_the_tests_fail_saying_how_to_give_one(tmp_path):
+    # issue 26, item 5: a CI that forgot the suite is not green (tests/test_golden_partial.py)
+    run = run_pytest(_project(tmp_path, RIGHT))
+    assert run.returncode == 1 and "1 error" in run.stdout
+    assert "no golden suite: pass --golden-dir DIR" in run.stdout
 
 
 def test_a_failing_case_fits_on_one_screen(small, tmp_path):

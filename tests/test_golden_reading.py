@@ -68,7 +68,7 @@ ST_BAD = {
                    "does not match its shape"),
     "huge-shape-and-offsets": (
         _safetensors({"x": _entry(shape=(2**31, 2**31), offsets=(0, 2**64))}, b"\0" * 8),
-        "'x' runs past the end; the file is truncated",
+        r"bad header entry for 'x': 18446744073709551616 is larger than any length here",
     ),
     "offsets-past-end": (_safetensors({"x": _entry(shape=(4,), offsets=(0, 16))}, b"\0" * 8),
                          "runs past the end; the file is truncated"),
@@ -269,7 +269,7 @@ def test_a_malformed_manifest_is_refused_by_name(suite, name):
         (b"{", "is not valid JSON"),
         (b"[1, 2]", "expected a JSON object"),
         (b'"text"', "expected a JSON object"),
-        (b"NaN", "expected a JSON object"),
+        (b"NaN", r"is not valid JSON \(NaN is not a number JSON allows\)"),
     ],
     ids=["deep-list", "deep-object", "not-utf8", "empty", "unclosed", "list", "string", "nan"],
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import figures
+import golden_tables
 import worked
 from sphinx.application import Sphinx
 from sphinx.util import logging
@@ -31,7 +32,7 @@ def write_tables(out: Path) -> list[Path]:
     fragments = {
         "distances.md": worked.markdown(worked.worked_distances()),
         "table_index.md": worked.markdown(worked.worked_table_index()),
-        "golden_params.md": worked.golden_parameter_rows(),
+        "golden_params.md": golden_tables.golden_parameter_rows(),
     }
     for name, build in worked.LAYOUTS.items():
         fragments[f"layout_{name}.md"] = worked.markdown(build())

@@ -427,40 +427,6 @@ def preset_rows(scheme: str) -> str:
     return "\n".join(lines) if lines else "No preset maps onto this scheme yet."
 
 
-def golden_parameter_rows() -> str:
-    """Per scheme: its golden case parameters, the kwargs, inputs and gradients of a case.
-
-    A Markdown table generated from the catalog and `relpos_ref.golden.Case`.
-    """
-    from relpos_ref.golden.cases import Case, scheme_defaults
-    from relpos_ref.golden.pipeline import call_keywords, gradient_name
-
-    head = ("| scheme | its `params` (besides the common ones) | `kwargs` | table inputs "
-            "| gradients |\n|---|---|---|---|---|")
-    rows = [head]
-    for name in SCHEMES:
-        entry = catalog.get(name)
-        meanings = {s.key: s.meaning for s in entry.sizes}
-        meanings.update({o.name: o.meaning for o in entry.options})
-        switched: dict[str, list[str]] = {}
-        for t in entry.tables:
-            if t.switch is not None:
-                switched.setdefault(t.switch, []).append(f"`{t.name}`")
-        meanings.update({k: f"whether {' and '.join(v)} {'is' if len(v) == 1 else 'are'} given"
-                         for k, v in switched.items()})
-        params = "; ".join(f"`{k}` ({meanings.get(k, '')}, default {v!r})"
-                           for k, v in scheme_defaults(entry).items()).replace("|", "\\|")
-        kwargs = list(call_keywords(entry, Case.make(name, "doc").parameters))
-        tables = [t.name for t in entry.tables]
-        arguments = ["q", "k", "v", *tables, *(["slopes"] if name == "alibi" else [])]
-        rows.append(
-            f"| `{name}` | {params or '(none)'} | {', '.join(f'`{k}`' for k in kwargs)} | "
-            f"{', '.join(f'`{t}`' for t in tables) or '(none)'} | "
-            f"{', '.join(f'`{gradient_name(a)}`' for a in arguments)} |"
-        )
-    return "\n".join(rows) + "\n"
-
-
 LAYOUTS = {
     "gather": worked_gather,
     "pad_flatten_reshape": worked_pad_flatten_reshape,

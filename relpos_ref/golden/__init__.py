@@ -12,25 +12,24 @@ same steps are available here:
 
 from __future__ import annotations
 
-from .cases import SCHEMES, Case, CaseRegistry, cases_from_toml, default_cases
+from .casefile import cases_from_toml
+from .cases import SCHEMES, Case, CaseRegistry, default_cases
 from .compare import ArrayResult, ObtainedError
 from .dtypes import FLOAT_DTYPES
 from .fileformat import FORMATS, CorruptFileError
 from .manifest import FORMAT_VERSION, ManifestError, schema_path
+from .results import CheckReport, check
 from .suite import (
     GOLDEN_BACKENDS,
-    CheckReport,
     GenerateResult,
     GoldenCase,
     Suite,
     SuiteError,
-    VerifyReport,
-    check,
     generate,
     load_suite,
-    verify,
 )
 from .tolerance import RULE, derive_tolerance
+from .verification import VerifyReport, verify
 
 __all__ = [
     "FLOAT_DTYPES",

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from . import replace
+from . import paths, replace
 from .cases import Case
 from .dtypes import dtype_name
 from .fileformat import EXTENSIONS, FORMATS, array_sha256, dumps
@@ -31,7 +31,7 @@ from .manifest import FORMAT_VERSION, MANIFEST, SCHEMA, render, schema_path
 from .paths import SuiteError, entries
 from .pipeline import golden_arrays, is_gradient, naive_arrays, naive_method
 from .progress import Progress
-from .tolerance import RULE, derive_tolerance
+from .tolerance import RULE, derive_tolerance, naive_environment
 
 __all__ = [
     "GOLDEN_BACKENDS",
@@ -178,6 +178,7 @@ def _generator(backend: GoldenBackend) -> dict[str, Any]:
         "backend": backend.name,
         "python": platform.python_version(),
         "libraries": libraries,
+        "naive_environment": naive_environment(),
     }
 
 
@@ -199,12 +200,21 @@ class GenerateResult:
     recovered: str | None = None
 
 
-def _same_tree(a: Path, b: Path) -> bool:
-    # Whether two suites hold the same plain files with the same bytes.
-    fa, fb = entries(a), entries(b)
+def _same_tree(new: Path, out: Path) -> bool:
+    # Whether the existing suite `out` holds the same plain files as `new`, byte for byte;
+    # a file of `out` is read only up to the size of its counterpart (links not followed).
+    fa, fb = entries(new), entries(out)
     if fa != fb or any(kind != "file" for kind in fa.values()):
         return False
-    return all((a / n).read_bytes() == (b / n).read_bytes() for n in fa)
+    for name in fa:
+        want = (new / name).read_bytes()
+        try:
+            have = paths.read_plain(out / name, limit=len(want), what="the new suite's file")
+        except SuiteError:
+            return False
+        if have != want:
+            return False
+    return True
 
 
 def generate(
@@ -290,7 +300,7 @@ def _write_suite(
             except (ValueError, TypeError) as exc:
                 msg = f"case {case.id}: {exc}"
                 raise SuiteError(msg) from exc
-            (tmp / entry["file"]).write_bytes(data)
+            paths.write_new(tmp / entry["file"], data)
             total += len(data)
             written.append(entry)
             bar.advance(case.id)
@@ -303,9 +313,10 @@ def _write_suite(
         "cases": written,
     }
     data = render(manifest)
-    shutil.copyfile(schema_path(), tmp / SCHEMA)
-    (tmp / MANIFEST).write_bytes(data)  # last: a directory with a manifest is complete
-    return total + len(data) + (tmp / SCHEMA).stat().st_size, len(written)
+    schema = schema_path().read_bytes()
+    paths.write_new(tmp / SCHEMA, schema)
+    paths.write_new(tmp / MANIFEST, data)  # last: a directory with a manifest is complete
+    return total + len(data) + len(schema), len(written)
 
 
 def _install(tmp: Path, out: Path, *, existing: bool, force: bool) -> str:

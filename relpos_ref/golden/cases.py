@@ -8,11 +8,9 @@ A case id reads ``scheme/variant/shape/dtype/seed``, for example
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +23,6 @@ __all__ = [
     "SCHEMES",
     "Case",
     "CaseRegistry",
-    "cases_from_toml",
     "default_cases",
     "select_ids",
 ]
@@ -359,6 +356,9 @@ def _base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
                                  "causal": True, "per_head": True}),
         ("bias", "decode-step", {"h": 2, "t_q": 1, "t_k": 16, "d": 8, "K": 4, "causal": True,
                                  "q_offset": 15, "scale": 1.0}),
+        # ... and at the default scale 1/sqrt(d): a kernel that scales its bias fails here
+        ("bias", "decode-step-scaled", {"h": 2, "t_q": 1, "t_k": 16, "d": 8, "K": 4,
+                                        "causal": True, "q_offset": 15}),
         ("bias", "asymmetric-zero", {"h": 2, "t_q": 7, "t_k": 10, "d": 8, "K": 3, "P": 1,
                                      "beyond": "zero", "per_head": True}),
         # music: one-sided causal table through the skew
@@ -386,6 +386,11 @@ def _base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
         ("t5", "causal-decode", {"h": 2, "t_q": 4, "t_k": 64, "d": 8, "buckets": 32,
                                  "max_distance": 32, "bidirectional": False, "causal": True,
                                  "q_offset": 60, "per_head": True}),
+        # T5 with a scale (a port that scales q k^T): the bias must stay unscaled
+        ("t5", "causal-decode-scaled", {"h": 2, "t_q": 4, "t_k": 64, "d": 8, "buckets": 32,
+                                        "max_distance": 32, "bidirectional": False,
+                                        "causal": True, "q_offset": 60, "per_head": True,
+                                        "scale": 0.5}),
         # alibi: linear biases, slopes for head counts that are not powers of two
         ("alibi", "symmetric", {"h": 6, "t_q": 9, "t_k": 13, "d": 8}),
         ("alibi", "causal-end", {"h": 5, "t_q": 4, "t_k": 12, "d": 8, "causal": True,
@@ -424,7 +429,7 @@ def default_cases() -> CaseRegistry:
     --------
     >>> reg = default_cases()
     >>> len(reg), len({c.scheme for c in reg})
-    (152, 12)
+    (160, 12)
     >>> sorted({c.scheme for c in reg})[:6]
     ['absolute', 'alibi', 'bias', 'deberta', 'general', 'grid2d']
     """
@@ -433,100 +438,3 @@ def default_cases() -> CaseRegistry:
         for scheme, variant, params in _base_cases()
         for dtype in FLOAT_DTYPES
     )
-
-
-_CASE_KEYS = {"scheme", "variant", "params", "dtypes", "seeds"}
-
-
-def cases_from_toml(path: str | os.PathLike[str]) -> CaseRegistry:
-    """Cases of your own from a TOML file: shapes, parameters, dtypes and seeds.
-
-    Each ``[[case]]`` table names a ``scheme`` and a ``variant`` and may give
-    ``params`` (any parameter of `Case.make`: ``t_q``, ``K``, ``causal``, ...),
-    ``dtypes`` (default: all four) and ``seeds`` (default ``[0]``); one case
-    is made per dtype and seed::
-
-        [[case]]
-        scheme = "shaw"
-        variant = "long"
-        dtypes = ["float32", "bfloat16"]
-        seeds = [0, 1]
-        params = { h = 4, t_q = 128, t_k = 256, K = 16, causal = true }
-
-    Raises
-    ------
-    ValueError
-        A file that is not TOML, a missing or unknown key, or a case that
-        `Case.make` refuses; the message names the file and the case's number.
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> from pathlib import Path
-    >>> path = Path(tempfile.mkdtemp()) / "cases.toml"
-    >>> _ = path.write_text('''
-    ... [[case]]
-    ... scheme = "shaw"
-    ... variant = "long"
-    ... dtypes = ["float32"]
-    ... seeds = [0, 1]
-    ... params = { h = 4, t_q = 128, t_k = 256, K = 16, causal = true }
-    ... ''')
-    >>> [c.id for c in cases_from_toml(path)]  # doctest: +NORMALIZE_WHITESPACE
-    ['shaw/long/b1-h4-q128-k256-d8-K16/float32/s0',
-     'shaw/long/b1-h4-q128-k256-d8-K16/float32/s1']
-    """
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        try:
-            import tomli as tomllib
-        except ModuleNotFoundError:
-            msg = "--cases needs Python 3.11 or later, or the tomli package on Python 3.10"
-            raise ValueError(msg) from None
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        msg = f"--cases {path}: cannot read it ({exc.strerror or exc})"
-        raise ValueError(msg) from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        msg = f"--cases {path}: not a TOML file ({exc})"
-        raise ValueError(msg) from None
-    unknown = sorted(set(data) - {"case"})
-    tables = data.get("case")
-    if unknown or not isinstance(tables, list) or not tables:
-        msg = (f"--cases {path}: expected one or more [[case]] tables and nothing else"
-               + (f"; unknown top-level key(s) {', '.join(unknown)}" if unknown else ""))
-        raise ValueError(msg)
-    registry = CaseRegistry()
-    for number, table in enumerate(tables, 1):
-        where = f"--cases {path}: case {number}"
-        missing = sorted({"scheme", "variant"} - set(table))
-        extra = sorted(set(table) - _CASE_KEYS)
-        if missing or extra:
-            why = "; ".join(
-                ([f"missing {', '.join(missing)}"] if missing else [])
-                + ([f"unknown key(s) {', '.join(extra)} (known: {', '.join(sorted(_CASE_KEYS))})"]
-                   if extra else []))
-            msg = f"{where}: {why}"
-            raise ValueError(msg)
-        params = table.get("params", {})
-        dtypes = table.get("dtypes", list(FLOAT_DTYPES))
-        seeds = table.get("seeds", [0])
-        if not isinstance(params, dict):
-            msg = f"{where}: `params` must be a table, got {params!r}"
-            raise ValueError(msg)
-        for key, value in (("dtypes", dtypes), ("seeds", seeds)):
-            if not isinstance(value, list) or not value:
-                msg = f"{where}: `{key}` must be a non-empty list, got {value!r}"
-                raise ValueError(msg)
-        for dtype in dtypes:
-            for seed in seeds:
-                try:
-                    registry.add(Case.make(table["scheme"], table["variant"], dtype=dtype,
-                                           seed=seed, **params))
-                except (ValueError, TypeError) as exc:
-                    msg = f"{where}: {exc}"
-                    raise ValueError(msg) from None
-    return registry

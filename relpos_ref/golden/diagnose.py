@@ -17,7 +17,11 @@ names the bug. The variants, where they apply to a case:
   ``K + 1`` with ours copied into its middle and zero end rows, so every
   distance beyond ``K`` reads zero (where the case clips);
 - ``start-aligned`` / ``end-aligned``: queries at ``q_offset = 0`` or
-  ``t_k - t_q`` instead of the case's offset;
+  ``t_k - t_q`` instead of the case's offset; ``q_offset+1`` / ``q_offset-1``:
+  the offset one off, either way (where that is neither of those);
+- ``t5-causal-sign-flipped``: a causal T5 (``bidirectional=False``) bucketing
+  ``context - memory`` instead of ``memory - context``, so every past key
+  falls in bucket 0 (a decoder's sign swapped);
 - ``bias-scaled``: the scale applied to an additive bias as well;
   ``position-unscaled``: a position term added after scaling instead of before;
 - ``scale-1`` / ``scale-1/sqrt(d)``: the other common logit scale;
@@ -41,7 +45,15 @@ import numpy as np
 from .. import catalog
 from .compare import to_numpy
 
-__all__ = ["Call", "CaseDiagnosis", "VariantResult", "diagnose", "diagnose_case", "variants"]
+__all__ = [
+    "MUCH_CLOSER",
+    "Call",
+    "CaseDiagnosis",
+    "VariantResult",
+    "diagnose",
+    "diagnose_case",
+    "variants",
+]
 
 #: Schemes whose tables are laid out by relative distance (reversing them flips the sign).
 _RELATIVE_TABLES = ("shaw", "bias", "music", "general", "grid2d", "t5", "swin", "deberta")
@@ -54,7 +66,12 @@ _POSITIONED = ("absolute", "shaw", "music", "general", "grid2d")
 
 @dataclass(frozen=True)
 class Call:
-    """One call of a scheme's public function: tables by name, the mask and keywords."""
+    """One call of a scheme's public function: tables by name, the mask and keywords.
+
+    With `bias` (a dense ``(..., t_q, t_k)`` array), the call is plain
+    `relpos_ref.attention.attention` with that bias instead, for a mistake no
+    argument of the scheme's function can express.
+    """
 
     q: Any
     k: Any
@@ -62,6 +79,7 @@ class Call:
     tables: dict[str, Any]
     mask: Any
     kwargs: dict[str, Any]
+    bias: Any = None
 
     def replace(self, **changes: Any) -> Call:
         """This call with some fields changed."""
@@ -106,6 +124,8 @@ def variants(scheme: str, call: Call, params: Mapping[str, Any]) -> Iterator[tup
         yield "table-reversed", reversed_call
     if scheme == "t5" and kwargs.get("bidirectional"):
         yield "t5-halves-swapped", _with_tables(call, lambda t, a: _halves_swapped(a), entry)
+    if scheme == "t5" and not kwargs.get("bidirectional", True):
+        yield "t5-causal-sign-flipped", _t5_flipped(call, params)
     if scheme == "alibi":
         slopes = _slopes(kwargs, params["h"])
         yield "alibi-sign-flipped", call.replace(kwargs={**kwargs, "slopes": -slopes})
@@ -127,6 +147,10 @@ def variants(scheme: str, call: Call, params: Mapping[str, Any]) -> Iterator[tup
             yield "start-aligned", call.replace(kwargs={**kwargs, "q_offset": 0})
         if kwargs["q_offset"] != t_k - t_q:
             yield "end-aligned", call.replace(kwargs={**kwargs, "q_offset": t_k - t_q})
+        for step in (1, -1):
+            shifted = kwargs["q_offset"] + step
+            if shifted not in (0, t_k - t_q):
+                yield f"q_offset{step:+d}", call.replace(kwargs={**kwargs, "q_offset": shifted})
     if scale != 1.0 and scheme in _BIASED:
         if scheme == "alibi":
             slopes = _slopes(kwargs, params["h"])
@@ -150,6 +174,20 @@ def variants(scheme: str, call: Call, params: Mapping[str, Any]) -> Iterator[tup
             yield "causal-strict", call.replace(mask=_strict(call, params))
         else:
             yield "causal", call.replace(kwargs={**kwargs, "causal": True})
+
+
+def _t5_flipped(call: Call, params: Mapping[str, Any]) -> Call:
+    """A causal T5 call whose buckets are of ``-r``: the decoder's ``context - memory``."""
+    from ..positions import relative_positions
+    from ..schemes.t5 import t5_bucket
+
+    (table,) = call.tables.values()
+    r = np.asarray(relative_positions(params["t_q"], params["t_k"],
+                                      q_offset=call.kwargs["q_offset"], xp=np))
+    bucket = np.asarray(t5_bucket(-r, num_buckets=table.shape[-1],
+                                  max_distance=call.kwargs["max_distance"],
+                                  bidirectional=False))
+    return call.replace(bias=np.take(table, bucket, axis=-1))
 
 
 def _zero_ends(table: np.ndarray, axis: int) -> np.ndarray:
@@ -187,11 +225,18 @@ def _strict(call: Call, params: Mapping[str, Any]) -> np.ndarray:
 def _run(scheme: str, call: Call) -> np.ndarray:
     import relpos_ref
 
+    from ..attention import attention
+
     entry = catalog.get(scheme)
-    function = getattr(relpos_ref, f"{scheme}_attention")
     with np.errstate(all="ignore"):
-        out = function(call.q, call.k, call.v, *entry.table_args(call.tables), mask=call.mask,
-                       **call.kwargs)
+        if call.bias is not None:
+            common = {k: call.kwargs[k] for k in ("scale", "causal", "q_offset")
+                      if k in call.kwargs}
+            out = attention(call.q, call.k, call.v, mask=call.mask, bias=call.bias, **common)
+        else:
+            function = getattr(relpos_ref, f"{scheme}_attention")
+            out = function(call.q, call.k, call.v, *entry.table_args(call.tables),
+                           mask=call.mask, **call.kwargs)
     return np.asarray(out, dtype=np.float64)
 
 
@@ -208,9 +253,18 @@ class VariantResult:
         return self.ratio <= 1.0
 
 
+#: A nearest variant is named only when it is at least this many times closer to the
+#: obtained output than the golden is (see ``docs/golden.md``, "Diagnosing a mismatch").
+MUCH_CLOSER = 10.0
+
+
 @dataclass
 class CaseDiagnosis:
-    """The obtained output against the golden and against every variant, nearest first."""
+    """The obtained output against the golden and against every variant, nearest first.
+
+    Every distance is ``max |obtained - reference| / atol``: in units of the
+    case's ``output`` tolerance.
+    """
 
     case_id: str
     golden_ratio: float
@@ -221,29 +275,42 @@ class CaseDiagnosis:
         return self.golden_ratio <= 1.0
 
     @property
+    def nearest(self) -> VariantResult | None:
+        """The nearest variant when none matches but it is `MUCH_CLOSER` than the golden."""
+        if not self.variants or self.variants[0].matches:
+            return None
+        near = self.variants[0]
+        return near if near.ratio * MUCH_CLOSER <= self.golden_ratio else None
+
+    @property
     def verdict(self) -> str:
         """One line: the golden matches, a variant matches, or the nearest variant."""
         if self.matches_golden:
-            return f"{self.case_id}: matches the golden ({self.golden_ratio:.2g}x its tolerance)"
+            return (f"{self.case_id}: matches the golden ({self.golden_ratio:.2g}x the "
+                    "tolerance)")
+        head = f"{self.case_id}: {self.golden_ratio:.3g}x the tolerance from the golden"
         found = [v for v in self.variants if v.matches]
         if found:
             names = ", ".join(v.name for v in found)
-            return (f"{self.case_id}: {self.golden_ratio:.3g}x the tolerance from the golden; "
-                    f"matches {names} ({found[0].ratio:.2g}x)")
-        near = self.variants[0] if self.variants else None
-        tail = (f"; nearest variant {near.name} at {near.ratio:.3g}x" if near else "")
-        return (f"{self.case_id}: {self.golden_ratio:.3g}x the tolerance from the golden, "
-                f"no known mistake matches{tail}")
+            return f"{head}; matches {names} ({found[0].ratio:.2g}x the tolerance)"
+        near = self.nearest
+        if near is not None:
+            return (f"{head}; no known mistake matches; nearest variant {near.name} at "
+                    f"{near.ratio:.3g}x the tolerance, "
+                    f"{self.golden_ratio / near.ratio:.3g} times closer than the golden")
+        return f"{head}; no known mistake matches or comes {MUCH_CLOSER:g} times closer"
 
     def lines(self) -> Iterator[str]:
         yield self.verdict
         if not self.matches_golden:
             for v in self.variants:
-                yield f"  {v.name:<18} {v.ratio:10.3g}x  (max |err| {v.max_error:.3g})"
+                yield (f"  {v.name:<22} {v.ratio:10.3g}x the tolerance  "
+                       f"(max |err| {v.max_error:.3g})")
 
     def as_dict(self) -> dict[str, Any]:
         return {"case": self.case_id, "golden_ratio": _finite(self.golden_ratio),
                 "matches_golden": self.matches_golden,
+                "nearest": self.nearest.name if self.nearest else None,
                 "variants": [{"name": v.name, "ratio": _finite(v.ratio),
                               "max_error": _finite(v.max_error), "matches": v.matches}
                              for v in self.variants]}
@@ -294,11 +361,11 @@ def diagnose_case(case: Any, output: Any) -> CaseDiagnosis:
     ('table-reversed', True)
     """
     obtained = to_numpy(output).astype(np.float64)
-    golden = case.expected["output"]
+    golden = case.golden("output")
     if obtained.shape != golden.shape:
         msg = f"`output` must have shape {golden.shape}, got {obtained.shape}"
         raise ValueError(msg)
-    atol = float(case.tolerance("output")["atol"])
+    atol = case.limit("output")
     _, golden_ratio = _ratio(obtained, golden, atol)
     diagnosis = CaseDiagnosis(case.id, golden_ratio)
     inputs = {n: (a if a.dtype == bool else a.astype(np.float64))
@@ -346,24 +413,23 @@ def diagnose(golden: str | os.PathLike[str], obtained: str | os.PathLike[str], *
     >>> [d.matches_golden for d in diagnose(root / "golden", root / "mine")]
     [True, True]
     """
-    from .fileformat import loads_file
     from .paths import SuiteError
-    from .suite import _result_files, load_suite
+    from .results import read_result, result_files
+    from .suite import load_suite
 
     suite = load_suite(golden)
     obtained = Path(obtained)
     if not obtained.is_dir():
         msg = f"{obtained} is not a directory of results (one file per case)"
         raise SuiteError(msg)
-    files = _result_files(obtained, suite)
+    files = result_files(obtained, suite)
     out = []
     for entry in suite.select(select):
         cid = entry["id"]
         if cid not in files:
             continue
         path = obtained / files[cid]
-        arrays = loads_file(path.read_bytes(), path,
-                            dtypes={n: entry["dtype"] for n in entry["arrays"]})
+        arrays = read_result(path, entry)
         if "output" not in arrays:
             msg = f"{path} holds no `output`; diagnose compares outputs"
             raise SuiteError(msg)

@@ -33,21 +33,33 @@ from .dtypes import dtype_name, numpy_dtype
 __all__ = [
     "EXTENSIONS",
     "FORMATS",
+    "MAX_AXES",
+    "MAX_DIMENSION",
     "MAX_HEADER_BYTES",
     "MAX_JSON_DEPTH",
     "CorruptFileError",
     "array_sha256",
     "canonical_bytes",
     "dumps",
+    "file_limit",
     "json_depth",
     "load",
     "loads_file",
+    "strict_json",
 ]
 
 #: A safetensors header longer than this is refused before it is decoded.
 MAX_HEADER_BYTES = 2**24
 #: JSON (headers, manifests) nested deeper than this is refused before it is parsed.
 MAX_JSON_DEPTH = 32
+#: The largest length of an axis, and the most axes, an array read from a file may have.
+MAX_DIMENSION = 2**40
+MAX_AXES = 16
+#: The most digits an integer in a header or manifest may have (int64 has 19).
+_MAX_DIGITS = 20
+#: Bytes a file may hold besides its arrays' data: a header per file and per array.
+_HEADER_ALLOWANCE = 8192
+_ARRAY_ALLOWANCE = 1024
 
 FORMATS = ("safetensors", "npz")
 EXTENSIONS = {"safetensors": ".safetensors", "npz": ".npz"}
@@ -128,6 +140,74 @@ def json_depth(text: bytes) -> int:
     return top
 
 
+def strict_json(data: bytes) -> Any:
+    """Parse JSON refusing what a manifest or header never holds: ``NaN``,
+    ``Infinity``, a number out of float64's range (``1e999``) and an integer of more
+    than 20 digits, each with a `ValueError` saying which.
+
+    Examples
+    --------
+    >>> strict_json(b'{"a": [1, 2.5]}')
+    {'a': [1, 2.5]}
+    >>> strict_json(b'{"atol": 1e999}')
+    Traceback (most recent call last):
+    ...
+    ValueError: the number 1e999 is beyond float64's range
+    """
+    def constant(name: str) -> float:
+        msg = f"{name} is not a number JSON allows"
+        raise ValueError(msg)
+
+    def real(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            msg = f"the number {text[:40]} is beyond float64's range"
+            raise ValueError(msg)
+        return value
+
+    def integer(text: str) -> int:
+        if len(text.lstrip("-")) > _MAX_DIGITS:
+            msg = (f"the integer {text[:12]}... has {len(text.lstrip('-'))} digits, more "
+                   f"than any count or size here ({_MAX_DIGITS})")
+            raise ValueError(msg)
+        return int(text)
+
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        msg = f"not UTF-8: {exc.reason} at byte {exc.start}"
+        raise ValueError(msg) from None
+    try:
+        return json.loads(text, parse_constant=constant, parse_float=real, parse_int=integer)
+    except json.JSONDecodeError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def file_limit(arrays: Mapping[str, tuple[str, Any]], *, widest: bool = False) -> int:
+    """The most bytes a file of these arrays may take: their data and headers.
+
+    Parameters
+    ----------
+    arrays : mapping
+        ``name -> (dtype name, shape)``, as a manifest records them.
+    widest : bool
+        Allow every array in 8-byte elements (results may be wider than the
+        case's dtype), and npz compression's small overhead.
+
+    Examples
+    --------
+    >>> file_limit({"output": ("float32", [2, 3])})
+    9240
+    """
+    data = 0
+    for dtype, shape in arrays.values():
+        size = 8 if widest else numpy_dtype(dtype).itemsize
+        data += math.prod(shape) * size
+    if widest:
+        data += data // 64
+    return data + _HEADER_ALLOWANCE + _ARRAY_ALLOWANCE * len(arrays)
+
+
 def load(path: Path, *, dtypes: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
     """Read the arrays of one case file (format from the suffix).
 
@@ -144,19 +224,34 @@ def load(path: Path, *, dtypes: Mapping[str, str] | None = None) -> dict[str, np
     CorruptFileError
         Truncated or malformed files, with the reason.
     """
+    from .paths import SuiteError, read_plain
+
     path = Path(path)
-    return loads_file(path.read_bytes(), path, dtypes=dtypes)
+    try:
+        data = read_plain(path, limit=2**40, what="an array file", follow=True)
+    except SuiteError as exc:
+        raise CorruptFileError(str(exc)) from None
+    if data is None:
+        msg = f"{path} does not exist"
+        raise CorruptFileError(msg)
+    return loads_file(data, path, dtypes=dtypes)
 
 
 def loads_file(
-    data: bytes, path: Path, *, dtypes: Mapping[str, str] | None = None
+    data: bytes, path: Path, *, dtypes: Mapping[str, str] | None = None,
+    limits: Mapping[str, int] | None = None,
 ) -> dict[str, np.ndarray]:
-    """`load` of bytes already read from `path` (the suffix says the format)."""
+    """`load` of bytes already read from `path` (the suffix says the format).
+
+    `limits` bounds, by name, the bytes an npz member may expand to (its
+    ``.npy`` header aside), checked before it is decompressed; a name not in
+    it gets the largest.
+    """
     path = Path(path)
     if path.suffix == ".safetensors":
         return _loads_safetensors(data, path)
     if path.suffix == ".npz":
-        return _loads_npz(data, path, dtypes or {})
+        return _loads_npz(data, path, dtypes or {}, limits)
     msg = f"{path}: unknown file type {path.suffix!r}; expected .safetensors or .npz"
     raise ValueError(msg)
 
@@ -193,8 +288,8 @@ def _loads_safetensors(data: bytes, path: Path) -> dict[str, np.ndarray]:
     if json_depth(text) > MAX_JSON_DEPTH:
         raise corrupt(f"header nests deeper than {MAX_JSON_DEPTH} levels")
     try:
-        header = json.loads(text.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        header = strict_json(text)
+    except (ValueError, RecursionError) as exc:
         raise corrupt(f"header is not JSON: {exc}") from None
     if not isinstance(header, dict):
         raise corrupt("header is not a JSON object")
@@ -205,10 +300,11 @@ def _loads_safetensors(data: bytes, path: Path) -> dict[str, np.ndarray]:
     for name, entry in header.items():
         try:
             dtype = numpy_dtype(_ST_NAMES[entry["dtype"]])
-            shape = tuple(_dimension(s) for s in entry["shape"])
-            start, stop = (_dimension(o) for o in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise corrupt(f"bad header entry for {name!r}") from None
+            shape = _shape(entry["shape"])
+            start, stop = (_dimension(o, 2**63 - 1) for o in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            why = f": {exc}" if isinstance(exc, ValueError) else ""
+            raise corrupt(f"bad header entry for {name!r}{why}") from None
         if stop - start != math.prod(shape) * dtype.itemsize:
             raise corrupt(f"byte range of {name!r} does not match its shape and dtype")
         if stop > len(body):
@@ -238,19 +334,31 @@ def _dumps_npz(arrays: Mapping[str, np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
-def _dimension(value: Any) -> int:
+def _dimension(value: Any, top: int = MAX_DIMENSION) -> int:
     # A shape entry or byte offset of a header: a non-negative integer, nothing else.
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         msg = f"not a non-negative integer: {value!r}"
         raise ValueError(msg)
+    if value > top:
+        msg = f"{value} is larger than any length here ({top})"
+        raise ValueError(msg)
     return value
 
 
-#: An npz member may expand to at most this many times the file's size (zip bombs).
+def _shape(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_AXES:
+        msg = f"a shape is a list of at most {MAX_AXES} lengths"
+        raise ValueError(msg)
+    return tuple(_dimension(s) for s in value)
+
+
+#: An npz member may expand to at most this many times the file's size (zip bombs)
+#: when no limits are given.
 _MAX_EXPANSION = 1024
 
 
-def _loads_npz(data: bytes, path: Path, dtypes: Mapping[str, str]) -> dict[str, np.ndarray]:
+def _loads_npz(data: bytes, path: Path, dtypes: Mapping[str, str],
+               limits: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     # Each member's .npy header (shape, dtype) is checked against the member's size, and
     # the sizes against the file's, before any array is allocated or decompressed.
     def corrupt(why: str) -> CorruptFileError:
@@ -262,9 +370,15 @@ def _loads_npz(data: bytes, path: Path, dtypes: Mapping[str, str]) -> dict[str, 
             for info in zf.infolist():
                 if not info.filename.endswith(".npy") or "/" in info.filename:
                     raise corrupt(f"member {info.filename!r} is not a flat .npy array")
-                if info.file_size > _MAX_EXPANSION * max(len(data), 2**20):
+                name = info.filename[:-4]
+                if limits:
+                    most = limits.get(name, max(limits.values())) + 2**16  # + .npy header
+                else:
+                    most = _MAX_EXPANSION * max(len(data), 2**20)
+                if info.file_size > most:
                     raise corrupt(f"member {info.filename!r} would expand to "
-                                  f"{info.file_size} bytes")
+                                  f"{info.file_size} bytes, more than its array can take "
+                                  f"({most}); not decompressed")
                 with zf.open(info) as member:
                     out[info.filename[:-4]] = _read_npy(member, info.file_size, corrupt)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, struct.error) as exc:
@@ -287,6 +401,10 @@ def _read_npy(member: Any, size: int, corrupt: Any) -> np.ndarray:
         raise corrupt(f"unknown .npy version {version}")
     if dtype.hasobject or dtype.kind not in "biuf":
         raise corrupt(f"dtype {dtype} is not a number or bool")
+    try:
+        shape = _shape(shape)
+    except ValueError as exc:
+        raise corrupt(f"shape {shape}: {exc}") from None
     expected = math.prod(shape) * dtype.itemsize
     remaining = size - member.tell()
     if expected != remaining:

@@ -67,7 +67,7 @@ def parse(data: bytes, *, where: str = MANIFEST) -> dict[str, Any]:
     ManifestError
         With the first problem found.
     """
-    from .fileformat import MAX_JSON_DEPTH, json_depth
+    from .fileformat import MAX_JSON_DEPTH, json_depth, strict_json
 
     if len(data) > MAX_MANIFEST_BYTES:
         msg = f"{where} has {len(data)} bytes, more than a manifest can ({MAX_MANIFEST_BYTES})"
@@ -76,8 +76,8 @@ def parse(data: bytes, *, where: str = MANIFEST) -> dict[str, Any]:
         msg = f"{where} nests JSON deeper than {MAX_JSON_DEPTH} levels; it is not a manifest"
         raise ManifestError(msg)
     try:
-        manifest = json.loads(data.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        manifest = strict_json(data)
+    except ValueError as exc:
         msg = f"{where} is not valid JSON ({exc}); regenerate the suite"
         raise ManifestError(msg) from None
     check_structure(manifest, where=where)
@@ -103,6 +103,8 @@ def _need(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
 
 def check_structure(manifest: Any, *, where: str = MANIFEST) -> None:
     """Check the fields `relpos_ref` relies on (the JSON Schema says the same, in full)."""
+    from .fileformat import MAX_AXES, MAX_DIMENSION
+
     if not isinstance(manifest, dict):
         msg = f"{where}: expected a JSON object"
         raise ManifestError(msg)
@@ -158,6 +160,10 @@ def check_structure(manifest: Any, *, where: str = MANIFEST) -> None:
             shape = entry["shape"]
             if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
                 msg = f"{a_at}: shape {shape!r} is not a list of non-negative integers"
+                raise ManifestError(msg)
+            if len(shape) > MAX_AXES or any(s > MAX_DIMENSION for s in shape):
+                msg = (f"{a_at}: shape {shape!r} has more than {MAX_AXES} axes or an axis "
+                       f"longer than {MAX_DIMENSION}; no case has")
                 raise ManifestError(msg)
             if entry["role"] == "golden":
                 tol = _need(entry, "tolerance", dict, a_at)

@@ -86,14 +86,14 @@ def plot_case(case: Any, obtained: Mapping[str, Any], names: list[str],
     plt = _pyplot()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    maps = {n: error_maps(to_numpy(obtained[n]), case.arrays[n]) for n in names}
+    maps = {n: error_maps(to_numpy(obtained[n]), case.golden(n)) for n in names}
     columns = min(MAX_HEADS, max(m.shape[0] for m in maps.values()))
     from matplotlib.ticker import MaxNLocator
 
     figure, axes = plt.subplots(len(maps), columns, squeeze=False, layout="constrained",
                                 figsize=(2.6 * columns + 1.2, 2.8 * len(maps) + 0.6))
     for row, (name, m) in enumerate(maps.items()):
-        atol = float(case.tolerance(name)["atol"])
+        atol = case.limit(name)
         finite = m[np.isfinite(m)]
         top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
         rows, cols = ("query i", "key j") if name in _PAIR_AXES else ("row", "feature")
@@ -144,12 +144,12 @@ def plot_report(golden: str | os.PathLike[str], obtained: str | os.PathLike[str]
     >>> [p.name for p in plot_report(root / "golden", root / "mine", report, root / "plots")]
     ['bias__clip__b1-h3-q7-k11-d8-K3__float32__s0.png']
     """
-    from .fileformat import loads_file
-    from .suite import _result_files, load_suite
+    from .results import read_result, result_files
+    from .suite import load_suite
 
     _pyplot()  # refuse before any work when matplotlib is missing
     suite = load_suite(golden)
-    files = _result_files(Path(obtained), suite)
+    files = result_files(Path(obtained), suite)
     written = []
     for cid, results in report.results.items():
         names = [r.name for r in results if not r.passed and r.size]
@@ -157,7 +157,6 @@ def plot_report(golden: str | os.PathLike[str], obtained: str | os.PathLike[str]
             continue
         entry = suite.cases[cid]
         path = Path(obtained) / files[cid]
-        arrays = loads_file(path.read_bytes(), path,
-                            dtypes={n: entry["dtype"] for n in entry["arrays"]})
+        arrays = read_result(path, entry)
         written.append(plot_case(suite.load(cid), arrays, names, out))
     return written

@@ -22,6 +22,16 @@ after the new suite is in place        the new suite; the old one removed
 A lock file ``.NAME.lock`` (``flock``) keeps two runs from writing the same
 path at once: the second is refused at once, and says why. New directories
 are made with `os.mkdir`, so their permissions follow the umask.
+
+Only what `generate` itself makes is acted on. The journal must be a plain
+file holding exactly ``{"new": ".NAME.tmp-<8 hex>", "old": ".NAME.old-<8 hex>"
+or null}``, naming real directories that hold what a suite holds; anything
+else (a name of the user's, ``../x``, a link) is refused with a message
+naming the journal, and nothing is moved or removed. The lock, the journal
+and its draft ``.NAME.swap-tmp`` are never opened or created through a
+symbolic link; a link, directory or device under those names is refused.
+Leftovers are only directories named ``.NAME.tmp-`` or ``.NAME.old-`` and
+eight hex digits holding a suite's plain files, nothing else.
 """
 
 from __future__ import annotations
@@ -33,15 +43,25 @@ import os
 import re
 import secrets
 import shutil
+import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from .paths import SuiteError
+from . import paths, sharing
+from .manifest import MANIFEST, SCHEMA
+from .paths import SuiteError, check_out, entries, kind_of, resolve
 
 try:  # POSIX; elsewhere runs are not locked against each other
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+#: A journal is two short names in JSON; anything larger is not one.
+_JOURNAL_BYTES = 4096
 
 __all__ = [
     "check_out",
@@ -49,6 +69,7 @@ __all__ = [
     "journaled",
     "locked",
     "new_directory",
+    "read_journal",
     "recover",
     "recover_if_needed",
     "resolve",
@@ -63,89 +84,43 @@ def _journal(out: Path) -> Path:
     return _sibling(out, "swap")
 
 
-def resolve(path: str | os.PathLike[str]) -> Path:
-    """`path` made absolute the way the system reads it: the parent's symbolic links
-    followed (``link/../x`` is beside what ``link`` points to), the last name kept as
-    given, so that a symbolic link there can still be seen.
-
-    Examples
-    --------
-    >>> resolve("/").name, resolve("/tmp/x/..") == resolve("/tmp")
-    ('', True)
-    """
-    text = os.fspath(path)
-    if not text:
-        msg = "the path is empty"
-        raise SuiteError(msg)
-    name = os.path.basename(text.rstrip("/" + os.sep)) if text.strip("/" + os.sep) else ""
-    if name in {"", ".", ".."}:
-        return Path(os.path.realpath(text))
-    parent = os.path.dirname(text.rstrip("/" + os.sep)) or os.curdir
-    return Path(os.path.realpath(parent)) / name
-
-
-def check_out(out: str | os.PathLike[str]) -> Path:
-    """The absolute path a suite may be written to, or a `SuiteError` saying why not.
-
-    Refused: a symbolic link (replacing it would replace the link, not what
-    it points to), the current directory or one of its parents (a suite is
-    replaced by renaming its directory), a path whose parent is missing, and
-    an existing path that is not a directory.
-    """
-    given = str(out)
-    path = resolve(out)
-    if path.is_symlink():
-        msg = (f"--out {given!r} is a symbolic link (to {os.readlink(path)}); give the "
-               f"directory itself, {path.resolve()}")
-        raise SuiteError(msg)
-    real, here = Path(os.path.realpath(path)), Path(os.path.realpath(Path.cwd()))
-    if real == here or real in here.parents:
-        msg = (f"--out {given!r} is the current directory or one of its parents; a suite is "
-               "replaced by renaming its directory, so write it from outside")
-        if path.name:
-            msg += f": cd {path.parent} && relpos-ref generate --out {path.name}"
-        raise SuiteError(msg)
-    if path.exists() and not path.is_dir():
-        msg = f"{given!r} exists and is not a directory; choose another --out"
-        raise SuiteError(msg)
-    if not path.parent.is_dir():
-        what = "is not a directory" if path.parent.exists() else "does not exist"
-        msg = f"cannot write {given!r}: its parent {path.parent} {what}"
-        raise SuiteError(msg)
-    return path
-
-
 @contextlib.contextmanager
-def locked(out: Path) -> Iterator[None]:
-    """Hold ``.NAME.lock`` next to `out`; a second holder is refused at once.
+def locked(out: Path, *, wait: bool = False) -> Iterator[None]:
+    """Hold ``.NAME.lock`` next to `out`; a second holder is refused at once, or with
+    `wait` waits (saying so on stderr).
+
+    The lock is opened without following a symbolic link (a link there is
+    refused, never followed to create or open what it points to), and must
+    be a regular file with no other name.
 
     Raises
     ------
     SuiteError
-        Another process holds the lock, or the lock file cannot be made.
+        Another process holds the lock (and not `wait`), or the lock file
+        cannot be made, or something other than a lock file has its name.
     """
     if fcntl is None:  # pragma: no cover - Windows
         yield
         return
     lock = _sibling(out, "lock")
     while True:
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as exc:
-            msg = f"cannot write to {out.parent} ({exc.strerror})"
-            raise SuiteError(msg) from None
+        fd = _open_lock(lock, out)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            os.close(fd)
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            msg = (f"another relpos-ref generate is writing {out} (it holds {lock}); "
-                   "wait for it to finish, then run again")
-            raise SuiteError(msg) from None
+            if exc.errno not in (errno.EAGAIN, errno.EACCES) or not wait:
+                os.close(fd)
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                msg = (f"another relpos-ref generate is writing {out} (it holds {lock}); "
+                       "wait for it to finish, then run again")
+                raise SuiteError(msg) from None
+            print(f"relpos-ref: note: waiting for the relpos-ref generate writing {out} to "
+                  f"finish (it holds {lock})", file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         # The holder before us may have removed the file after we opened it: retry.
         try:
-            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+            same = os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
             same = False
         if same:
@@ -155,8 +130,36 @@ def locked(out: Path) -> Iterator[None]:
         yield
     finally:
         with contextlib.suppress(OSError):
-            os.unlink(lock)
+            if os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                os.unlink(lock)
         os.close(fd)
+
+
+def _open_lock(lock: Path, out: Path) -> int:
+    """Open (or make) the lock file, refusing a link, a directory, a device or a pipe."""
+    flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC
+    try:
+        fd = os.open(lock, flags, 0o666)
+    except OSError as exc:
+        kind = kind_of(lock)
+        if kind not in (None, "file"):
+            raise SuiteError(_not_ours(lock, kind)) from None
+        msg = f"cannot write to {out.parent} ({exc.strerror})"
+        raise SuiteError(msg) from None
+    info = os.fstat(fd)
+    # (no name at all is fine: the holder before us removed it, and `locked` opens again)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        kind = "file with another name (a hard link)" if stat.S_ISREG(info.st_mode) \
+            else kind_of(lock) or "special file"
+        raise SuiteError(_not_ours(lock, kind))
+    return fd
+
+
+def _not_ours(path: Path, kind: str) -> str:
+    link = f" to {os.readlink(path)}" if kind == "symbolic link" else ""
+    return (f"{path} is a {kind}{link}, not what relpos-ref makes there; it is not "
+            "followed or touched: look at it, remove it, and run again")
 
 
 def new_directory(out: Path, what: str) -> Path:
@@ -173,54 +176,63 @@ def new_directory(out: Path, what: str) -> Path:
         return path
 
 
+def _made_here(out: Path, what: str) -> re.Pattern[str]:
+    """The names `new_directory` and `install` give: ``.NAME.<what>-<8 hex digits>``."""
+    return re.compile(rf"\.{re.escape(out.name)}\.{what}-[0-9a-f]{{8}}")
+
+
 def _leftovers(out: Path, what: str) -> list[Path]:
     """Directories ``.NAME.<what>-<8 hex digits>`` beside `out`: names only `new_directory`
-    and `install` make (a user's ``.NAME.old-backup`` is not one), holding plain files only."""
-    pattern = re.compile(rf"\.{re.escape(out.name)}\.{what}-[0-9a-f]{{8}}")
+    and `install` make (a user's ``.NAME.old-backup`` is not one), holding what a suite
+    holds (`_suite_like`)."""
+    pattern = _made_here(out, what)
     try:
         names = os.listdir(out.parent)
     except OSError:
         return []
-    found = []
-    for name in sorted(names):
-        path = out.parent / name
-        if pattern.fullmatch(name) and _flat_directory(path):
-            found.append(path)
-    return found
+    return [out.parent / name for name in sorted(names)
+            if pattern.fullmatch(name) and _suite_like(out.parent / name)]
 
 
-def _flat_directory(path: Path) -> bool:
-    """A real directory of plain files only (what a suite, finished or not, is)."""
-    if path.is_symlink() or not path.is_dir():
+def _suite_like(path: Path) -> bool:
+    """A real directory (not a link) of plain files named as a suite's files are
+    (``manifest.json``, ``manifest.schema.json``, ``*.safetensors``, ``*.npz``), nothing
+    else: what a suite, finished or not, is."""
+    if kind_of(path) != "directory":
         return False
     try:
-        with os.scandir(path) as entries:
-            return all(e.is_file(follow_symlinks=False) for e in entries)
+        found = entries(path)
     except OSError:
         return False
+    return all(kind == "file" and (name in (MANIFEST, SCHEMA) or
+                                   name.endswith((".safetensors", ".npz")))
+               for name, kind in found.items())
 
 
 def _empty_directory(path: Path) -> bool:
     if path.is_symlink() or not path.is_dir():
         return False
     try:
-        with os.scandir(path) as entries:
-            return next(entries, None) is None
+        with os.scandir(path) as entries_:
+            return next(entries_, None) is None
     except OSError:
         return False
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
+    # `shutil.rmtree` follows no link inside (it checks, with file descriptors, on POSIX)
+    if kind_of(path) == "directory":
         shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
+    elif kind_of(path) is not None:
         path.unlink()
 
 
 def install(new: Path, out: Path) -> None:
     """Swap the complete suite `new` into `out` (existing or not) under the journal.
 
-    Call while holding `locked`. `out`, when it exists, is a directory.
+    Call while holding `locked`. `out`, when it exists, is a directory; a
+    reader in the middle of a read of it (`relpos_ref.golden.sharing`) is
+    waited for before it moves, and learns afterwards that it was replaced.
     """
     journal = _journal(out)
     old = None
@@ -228,25 +240,26 @@ def install(new: Path, out: Path) -> None:
         old = _sibling(out, f"old-{secrets.token_hex(4)}")
     record = {"new": new.name, "old": old.name if old else None}
     staged = _sibling(out, "swap-tmp")
-    staged.write_text(json.dumps(record))
-    os.replace(staged, journal)
-    try:
+    with sharing.exclusive(out):  # a read in progress finishes first
+        paths.write_new(staged, json.dumps(record).encode())
+        os.replace(staged, journal)
+        try:
+            if old is not None:
+                os.rename(out, old)
+            os.rename(new, out)
+        except BaseException:
+            # Ctrl-C or a failed rename: the new suite is complete, so finish (or undo)
+            # now, as the next run would; never leave the path empty.
+            recover(out)
+            raise
+        journal.unlink()
         if old is not None:
-            os.rename(out, old)
-        os.rename(new, out)
-    except BaseException:
-        # Ctrl-C or a failed rename: the new suite is complete, so finish (or undo) now,
-        # as the next run would; never leave the path empty.
-        recover(out)
-        raise
-    journal.unlink()
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def journaled(out: Path) -> bool:
     """Whether a swap at `out` is recorded (its directories then belong to `recover`)."""
-    return _journal(out).exists()
+    return kind_of(_journal(out)) is not None
 
 
 def recover(out: Path) -> str | None:
@@ -255,25 +268,22 @@ def recover(out: Path) -> str | None:
     Call while holding `locked`. Returns what was done, or ``None`` when
     nothing was left behind. The previous suite is removed only once the new
     one is in place; a directory that appeared at `out` after the crash is
-    never removed unless it is empty (a `SuiteError` says what to move).
+    never removed unless it is empty (a `SuiteError` says what to move). A
+    journal that names anything but what `install` writes (`read_journal`)
+    is refused, and nothing is moved or removed.
     """
     done = None
-    journal = _journal(out)
     staged = _sibling(out, "swap-tmp")
-    if staged.exists():
+    kind = kind_of(staged)
+    if kind not in (None, "file"):
+        raise SuiteError(_not_ours(staged, kind))
+    if kind == "file":
         staged.unlink()  # killed while writing the journal: nothing was renamed yet
-    if journal.exists():
-        try:
-            record = json.loads(journal.read_text())
-            new = out.parent / _bare(record["new"])
-            old = out.parent / _bare(record["old"]) if record["old"] else None
-        except (ValueError, KeyError, TypeError):
-            msg = (f"{journal} records an interrupted replacement of {out} but cannot be "
-                   f"read; look at the .{out.name}.* directories beside it and remove "
-                   "the journal by hand")
-            raise SuiteError(msg) from None
+    record = read_journal(out)
+    if record is not None:
+        new, old = record
         done = _finish_swap(out, new, old)
-        journal.unlink()
+        _journal(out).unlink()
     stray = _leftovers(out, "tmp") + _leftovers(out, "old")
     for path in stray:
         _remove(path)
@@ -282,16 +292,73 @@ def recover(out: Path) -> str | None:
     return done
 
 
-def _bare(name: object) -> str:
-    """A journal entry: a bare directory name beside the suite, nothing else."""
-    if not isinstance(name, str) or not name or name in {".", ".."} or "/" in name \
-            or os.sep in name:
-        raise TypeError(name)
-    return name
+def read_journal(out: Path, *, directories: bool = True) -> tuple[Path, Path | None] | None:
+    """The new and previous suites a journal beside `out` names, or ``None`` without one.
+
+    Accepted only as `install` writes it: a plain file (a link is not
+    followed) of JSON ``{"new": ".NAME.tmp-<8 hex>", "old": ".NAME.old-<8 hex>" or
+    null}``, naming real directories (not links) that hold what a suite holds,
+    the new one with its manifest (it is written last, before the journal).
+    The directories are looked at only with `directories` (under the lock:
+    a `generate` in the middle of its swap moves and removes them).
+
+    Raises
+    ------
+    SuiteError
+        Naming the journal and what is wrong with it; nothing is touched.
+    """
+    journal = _journal(out)
+    kind = kind_of(journal)
+    if kind not in (None, "file"):
+        raise SuiteError(_not_ours(journal, kind))
+    try:
+        data = paths.read_plain(journal, limit=_JOURNAL_BYTES, what="a journal")
+    except SuiteError as exc:
+        msg = f"{exc}; relpos-ref writes {journal.name} as a small plain file, so it did " \
+              "not write this one: nothing was moved. Look at it and remove it by hand"
+        raise SuiteError(msg) from None
+    if data is None:
+        return None
+    try:
+        record = json.loads(data.decode())
+    except (ValueError, UnicodeDecodeError):
+        record = None
+    if not isinstance(record, dict) or set(record) != {"new", "old"}:
+        msg = (f"{journal} records an interrupted replacement of {out} but is not the "
+               f'journal relpos-ref writes ({{"new": ..., "old": ...}}); nothing was moved. '
+               f"Look at the .{out.name}.* directories beside it and remove the journal by hand")
+        raise SuiteError(msg)
+    found = []
+    for role, what in (("new", "tmp"), ("old", "old")):
+        name = record[role]
+        if name is None and role == "old":
+            found.append(None)
+            continue
+        pattern = _made_here(out, what)
+        if not isinstance(name, str) or not pattern.fullmatch(name):
+            msg = (f"{journal} names {name!r} as the {role} suite, which is not a name "
+                   f"relpos-ref generate makes (.{out.name}.{what}-<8 hex digits>); it was "
+                   "not written by relpos-ref: nothing was moved or removed. Look at it and "
+                   "remove it by hand")
+            raise SuiteError(msg)
+        path = out.parent / name
+        kind = kind_of(path) if directories else None
+        if kind is not None and not (_suite_like(path) and (
+                role == "old" or kind_of(path / MANIFEST) == "file")):
+            what_it_is = f"a {kind}" if kind != "directory" else \
+                "a directory that is not a whole suite (a plain file per case and a manifest)"
+            msg = (f"{journal} names {name}, which is {what_it_is}: not what relpos-ref "
+                   "generate leaves there; nothing was moved or removed. Look at it and "
+                   "remove the journal by hand")
+            raise SuiteError(msg)
+        found.append(path)
+    return found[0], found[1]
 
 
 def _finish_swap(out: Path, new: Path, old: Path | None) -> str:
     """Put the journal's new suite (or, if it is gone, the old one) at `out`."""
+    if kind_of(out) not in (None, "directory"):
+        raise SuiteError(_not_ours(out, kind_of(out) or "special file"))
     if _empty_directory(out) and (new.exists() or (old is not None and old.exists())):
         out.rmdir()  # made after the crash (``mkdir -p``, say): nothing in it to keep
     old_there = old is not None and old.exists()
@@ -301,17 +368,17 @@ def _finish_swap(out: Path, new: Path, old: Path | None) -> str:
                 # killed before the first rename: `out` is still the previous suite
                 _remove(new)
                 return f"removed an unfinished replacement of {out}; the previous suite stays"
-            aside = f", the previous one in {old.name}" if old_there else ""
+            aside = f", the previous one in {old.name}" if old_there and old else ""
             msg = (f"writing {out} was interrupted: the new suite is in {new.name}{aside}, "
                    f"and a directory made at {out} since is in the way; move it elsewhere "
                    "and run again")
             raise SuiteError(msg)
         os.rename(new, out)
-        if old_there:
+        if old_there and old is not None:
             _remove(old)
             return f"finished replacing {out}, interrupted last time"
         return f"finished writing {out}, interrupted last time"
-    if old_there:
+    if old_there and old is not None:
         if out.exists():
             # the second rename happened: `out` is the new suite, complete
             _remove(old)
@@ -326,14 +393,18 @@ def recover_if_needed(path: str | os.PathLike[str]) -> str | None:
 
     Used when a suite is opened, so that `verify`, `check` and the plugin
     find the suite a killed `generate` was writing. An interrupted swap
-    needs the lock (a `SuiteError` if a `generate` holds it now); half-built
-    suites are removed only when no `generate` is running.
+    needs the lock: while a `generate` holds it (it is swapping the suite in
+    now), this waits for it, saying so on stderr. Half-built suites are
+    removed only when no `generate` is running.
     """
     out = resolve(path)
     if not out.name or out.is_symlink():
         return None
-    if _journal(out).exists() or _sibling(out, "swap-tmp").exists():
-        with locked(out):
+    if kind_of(_journal(out)) is not None or kind_of(_sibling(out, "swap-tmp")) is not None:
+        # a journal relpos-ref did not write is refused before the lock; its directories
+        # are looked at under it (a generate swapping now moves them)
+        read_journal(out, directories=False)
+        with locked(out, wait=True):
             return recover(out)
     if not (_leftovers(out, "tmp") or _leftovers(out, "old")):
         return None
@@ -341,6 +412,7 @@ def recover_if_needed(path: str | os.PathLike[str]) -> str | None:
         with locked(out):
             return recover(out)
     except (SuiteError, OSError):
-        # a generate is running (its directory is not a leftover), or the directory is
-        # read-only: the suite itself is intact, so reading it goes on
+        # a generate is running (its directory is not a leftover), the directory is
+        # read-only, or the lock's name holds something else: the suite itself is
+        # intact, so reading it goes on, and nothing is removed
         return None

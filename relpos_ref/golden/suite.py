@@ -1,16 +1,19 @@
-"""Reading, verifying and checking a golden suite on disk.
+"""Reading and verifying a golden suite on disk.
 
 `relpos_ref.golden.build` writes a suite; this module reads it back
-(`load_suite`, `Suite`, `GoldenCase`), verifies it against its hashes and a
-recomputation (`verify`) and compares a user's results with it (`check`).
+(`load_suite`, `Suite`, `GoldenCase`) and verifies it against its hashes and
+a re-derivation (`verify`); `relpos_ref.golden.results` compares a user's
+results with it (`check`). Every file is read relative to the suite
+directory opened once (`relpos_ref.golden.sharing.Reading`), without
+following links, and only after its size is checked against what the
+manifest allows.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,40 +22,31 @@ import numpy as np
 
 from .build import (
     GOLDEN_BACKENDS,
-    NAIVE_PIPELINE,
     GenerateResult,
     generate,
-    golden_backend,
-    goldens_on,
 )
-from .cases import Case, select_ids
-from .compare import ArrayResult, ObtainedError, compare_arrays
-from .dtypes import ulp
-from .fileformat import CorruptFileError, array_sha256, loads_file
-from .manifest import MANIFEST, SCHEMA, ManifestError, parse, schema_path
-from .paths import SuiteError, entries, plain_file
-from .pipeline import call_keywords, is_gradient, naive_arrays, naive_method
-from .progress import Progress
+from .cases import select_ids
+from .compare import ArrayResult, compare_arrays
+from .fileformat import CorruptFileError, file_limit, loads_file
+from .manifest import MANIFEST, MAX_MANIFEST_BYTES, ManifestError, parse
+from .paths import SuiteError, entries, read_plain
+from .pipeline import call_keywords, is_gradient
+from .rederive import Rederived, case_problems
+from .rederive import rederive as rederive_case
 from .replace import recover_if_needed
-from .tolerance import RULE, derive_tolerance, ulp_multiple
+from .sharing import Reading
 
 __all__ = [
     "GOLDEN_BACKENDS",
-    "CheckReport",
     "GenerateResult",
     "GoldenCase",
     "Suite",
     "SuiteError",
-    "VerifyReport",
+    "case_file_limit",
     "case_problems",
-    "check",
     "generate",
     "load_suite",
-    "verify",
 ]
-
-#: Recomputed float64 goldens must agree within this many float64 ulps of max|golden|.
-RECOMPUTE_ULPS = 64
 
 
 # -- reading a suite ----------------------------------------------------------
@@ -69,10 +63,16 @@ class GoldenCase:
         ``dtype``, ``arrays`` with roles and tolerances, ...).
     arrays : dict of ndarray
         Every stored array by name.
+    rederived : Rederived, optional
+        What `Suite.load` re-derived (``None`` with ``rederive=False`` or a
+        case made by hand): `compare` then checks against the goldens
+        recomputed here within the smaller of the stored and re-derived
+        tolerances (`limit`).
     """
 
     entry: dict[str, Any]
     arrays: dict[str, np.ndarray]
+    rederived: Rederived | None = field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
         return f"GoldenCase({self.id!r}, arrays: {', '.join(self.arrays)})"
@@ -184,9 +184,32 @@ class GoldenCase:
             return dict(info["tolerance"])
         return {"atol": 0.0, "rtol": 0.0, "e_max": 0.0}
 
+    def golden(self, name: str) -> np.ndarray:
+        """The golden `compare` checks array `name` against: recomputed here for a
+        re-derived case (equal to the stored one within 64 float64 ulps), else stored."""
+        if self.rederived is not None and name in self.rederived.goldens:
+            return self.rederived.goldens[name]
+        return self.arrays[name]
+
+    def limit(self, name: str) -> float:
+        """The ``atol`` `compare` holds golden `name` to: the stored one, or the smaller of
+        it and the one re-derived here (a re-derived case; see ``docs/golden.md``)."""
+        if self.rederived is not None and name in self.rederived.limits:
+            return self.rederived.limits[name]
+        return float(self.tolerance(name)["atol"])
+
     def compare(self, outputs: Mapping[str, Any]) -> list[ArrayResult]:
-        """Compare `outputs` (any subset of the arrays, by name) with this case."""
-        return compare_arrays(self.entry, self.arrays, outputs)
+        """Compare `outputs` (any subset of the arrays, by name) with this case.
+
+        A re-derived case compares each golden array with the golden
+        recomputed here, within `limit`: a result passes only when the
+        tolerance this environment derives admits it, whatever the manifest
+        says; for the suite's own environment that is exactly its stored test.
+        """
+        if self.rederived is None:
+            return compare_arrays(self.entry, self.arrays, outputs)
+        goldens = {**self.arrays, **self.rederived.goldens}
+        return compare_arrays(self.entry, goldens, outputs, limits=self.rederived.limits)
 
 
 class Suite:
@@ -199,12 +222,48 @@ class Suite:
     """
 
     def __init__(
-        self, path: Path, manifest: dict[str, Any], recovered: str | None = None
+        self, path: Path, manifest: dict[str, Any], recovered: str | None = None,
+        reading: Reading | None = None,
     ) -> None:
         self.path = path
         self.manifest = manifest
         self.cases = {c["id"]: c for c in manifest["cases"]}
         self.recovered = recovered
+        self._reading = reading
+
+    def read(self, name: str, *, limit: int, what: str) -> bytes | None:
+        """The bytes of the suite's file `name` (``None`` when absent), read from the
+        directory `load_suite` opened, after its size is checked against `limit`.
+
+        Raises
+        ------
+        SuiteError
+            A link, directory or special file; more than `limit` bytes; or
+            (`relpos_ref.golden.sharing.SuiteReplacedError`) the suite was
+            replaced since it was opened.
+        """
+        if self._reading is None:
+            return read_plain(self.path / name, limit=limit, what=what)
+        with self._reading.hold() as fd:
+            return read_plain(self.path / name, limit=limit, what=what, dir_fd=fd)
+
+    def listing(self) -> dict[str, str]:
+        """The suite directory's entries and their kinds (`relpos_ref.golden.paths.entries`)."""
+        if self._reading is None:
+            return entries(self.path)
+        with self._reading.hold() as fd:
+            return entries(fd)
+
+    def close(self) -> None:
+        """Close the suite directory (reading from it afterwards is refused)."""
+        if self._reading is not None:
+            self._reading.close()
+
+    def __enter__(self) -> Suite:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def select(
         self, patterns: Sequence[str] | None = None, *, option: str = "--select"
@@ -237,414 +296,70 @@ class Suite:
             msg = f"{self.path} has no case {case_id!r}"
             raise SuiteError(msg)
         entry = self.cases[case_id]
-        path = plain_file(self.path, entry["file"])
-        if path is None:
-            msg = f"{self.path / entry['file']} is missing; run `relpos-ref verify {self.path}`"
+        path = self.path / entry["file"]
+        data = self.read(entry["file"], limit=case_file_limit(entry),
+                         what=f"the arrays of case {case_id} with their headers")
+        if data is None:
+            msg = f"{path} is missing; run `relpos-ref verify {self.path}`"
             raise SuiteError(msg)
-        data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != entry["file_sha256"]:
-            msg = f"{path} does not match its SHA-256 in the manifest; regenerate the suite"
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != entry["file_sha256"]:
+            other = next((c for c, e in self.cases.items() if e["file_sha256"] == digest), None)
+            if other is not None:
+                msg = (f"{path}: this file holds another case ({other}), not {case_id}; case "
+                       "files were swapped or copied: regenerate the suite")
+            else:
+                msg = f"{path} does not match its SHA-256 in the manifest; regenerate the suite"
             raise SuiteError(msg)
         try:
             dtypes = {name: array["dtype"] for name, array in entry["arrays"].items()}
             arrays = loads_file(data, path, dtypes=dtypes)
         except (CorruptFileError, ValueError) as exc:
             raise SuiteError(str(exc)) from None
-        if rederive:
-            problems = case_problems(entry, arrays)
-            if problems:
-                msg = f"{path}: {problems[0]}" + (
-                    f" (and {len(problems) - 1} more; run `relpos-ref verify {self.path}`)"
-                    if len(problems) > 1 else "")
-                raise SuiteError(msg)
-        return GoldenCase(entry, arrays)
+        if not rederive:
+            return GoldenCase(entry, arrays)
+        found = rederive_case(entry, arrays, environment=self.environment)
+        if found.problems:
+            problems = found.problems
+            msg = f"{path}: {problems[0]}" + (
+                f" (and {len(problems) - 1} more; run `relpos-ref verify {self.path}`)"
+                if len(problems) > 1 else "")
+            raise SuiteError(msg)
+        return GoldenCase(entry, arrays, found)
+
+    @property
+    def environment(self) -> str | None:
+        """Where the suite's naive pipeline ran (``generator.naive_environment``), if said."""
+        return self.manifest.get("generator", {}).get("naive_environment")
 
 
-def load_suite(path: str | os.PathLike[str]) -> Suite:
+def case_file_limit(entry: Mapping[str, Any]) -> int:
+    """The most bytes case `entry`'s file may hold: its arrays, as the manifest
+    records them, with their headers (`relpos_ref.golden.fileformat.file_limit`)."""
+    return file_limit({n: (a["dtype"], a["shape"]) for n, a in entry["arrays"].items()})
+
+
+def load_suite(path: str | os.PathLike[str], *, hold: bool = False) -> Suite:
     """Open a suite directory, checking its manifest (structure, digest, version, names).
 
     A `generate` killed while replacing `path` is finished or undone first
-    (`relpos_ref.golden.replace.recover`); `Suite.recovered` says so.
+    (`relpos_ref.golden.replace.recover`); `Suite.recovered` says so. While a
+    `generate` is swapping a new suite in, this waits for it (saying so on
+    stderr) and opens the new one. The directory stays open: every later
+    read is of this suite, or a `relpos_ref.golden.sharing.SuiteReplacedError`
+    when it was replaced since. With `hold`, the suite cannot be replaced
+    until `Suite.close` (a `generate --force` waits for it, saying so).
     """
     path = Path(path)
     recovered = recover_if_needed(path)
-    if not path.is_dir():
-        msg = f"{path} is not a directory; generate one with `relpos-ref generate --out {path}`"
-        raise SuiteError(msg)
-    mpath = plain_file(path, MANIFEST)
-    if mpath is None:
+    reading = Reading(path, hold=hold)
+    suite = Suite(path, {"cases": []}, recovered, reading)
+    data = suite.read(MANIFEST, limit=MAX_MANIFEST_BYTES, what="a manifest")
+    if data is None:
         msg = f"{path} has no {MANIFEST}; is it a golden suite?"
         raise SuiteError(msg)
     try:
-        manifest = parse(mpath.read_bytes(), where=str(mpath))
+        manifest = parse(data, where=str(path / MANIFEST))
     except ManifestError as exc:
         raise SuiteError(str(exc)) from None
-    return Suite(path, manifest, recovered)
-
-
-# -- re-deriving a case --------------------------------------------------------------
-
-
-def case_problems(
-    entry: dict[str, Any], stored: Mapping[str, np.ndarray], *, backend: str = "numpy"
-) -> list[str]:
-    """What does not follow from the case's own parameters, from scratch.
-
-    The case is rebuilt from its scheme, variant, dtype, seed and parameters
-    (a case the library does not know is a problem), and compared with its
-    entry and arrays: the id, every parameter, the resolved ``scale``, the
-    naive method; the arrays' names, roles and dtypes; the inputs (bit for
-    bit from the seed); the integer intermediates (exactly); the float64
-    goldens (within `RECOMPUTE_ULPS` ulps); and each tolerance: the rule's
-    ``k``, ``rtol``, ``ulp_floor``, ``max_abs_golden`` and ``atol``, and an
-    ``e_max`` within a factor of 2 (and one ulp) of the naive pipeline run
-    again here.
-    """
-    cid = entry["id"]
-    try:
-        case = Case.make(entry["scheme"], entry["variant"], dtype=entry["dtype"],
-                         seed=entry["seed"], **entry["params"])
-    except (ValueError, TypeError) as exc:
-        return [f"{cid}: the library does not know this case ({exc})"]
-    problems = []
-    if case.id != cid:
-        return [f"{cid}: the parameters describe case {case.id}, not this id"]
-    params = json.loads(json.dumps(case.parameters))
-    for name in sorted(set(params) | set(entry["params"])):
-        have, want = entry["params"].get(name, "absent"), params.get(name, "absent")
-        if _json(have) != _json(want):  # 4.0 is not 4, 1 is not true
-            problems.append(f"{cid}: parameter `{name}` is {have!r}, the case's own is {want!r}")
-    if _json(entry.get("scale")) != _json(case.parameters["scale"]):
-        problems.append(f"{cid}: scale {entry.get('scale')!r} is not the case's "
-                        f"{case.parameters['scale']!r}")
-    if entry.get("naive_method") != naive_method(case):
-        problems.append(f"{cid}: naive_method {entry.get('naive_method')!r} is not "
-                        f"{naive_method(case)!r}")
-    inputs = case.inputs()
-    d_output = case.d_output()
-    fresh = goldens_on(case, inputs, golden_backend(backend), d_output=d_output)
-    roles = {**dict.fromkeys(inputs, "input"), "d_output": "cotangent",
-             **{n: "golden" if a.dtype.kind == "f" else "index" for n, a in fresh.items()}}
-    for name in sorted(set(roles) | set(entry["arrays"]) | set(stored)):
-        info = entry["arrays"].get(name)
-        if name not in roles or info is None or name not in stored:
-            problems.append(f"{cid}: array `{name}` is not one the case has, or is not stored "
-                            f"and declared alike")
-        elif info["role"] != roles[name]:
-            problems.append(f"{cid}: `{name}` is declared {info['role']!r}, it is "
-                            f"{roles[name]!r}")
-    if problems:
-        return problems
-    for name, a in {**inputs, "d_output": d_output}.items():
-        if array_sha256(a) != array_sha256(stored[name]):
-            problems.append(f"{cid}: input `{name}` differs from its regeneration from the seed")
-    if problems:
-        return problems
-    naive = naive_arrays(case, inputs, d_output=d_output)
-    for name, a in fresh.items():
-        want = stored[name]
-        if roles[name] == "index":
-            if a.shape != want.shape or not np.array_equal(a, want):
-                problems.append(f"{cid}: `{name}` differs from its recomputation")
-            continue
-        problems += _golden_problems(cid, name, a, want, naive[name], entry["arrays"][name],
-                                     case.dtype)
-    return problems
-
-
-def _json(value: Any) -> str:
-    # Values compared as their JSON text, so types count (4.0 != 4, 1 != true).
-    return json.dumps(value, sort_keys=True)
-
-
-def _golden_problems(cid: str, name: str, fresh: np.ndarray, want: np.ndarray,
-                     naive: np.ndarray, info: Mapping[str, Any], dtype: str) -> list[str]:
-    if fresh.shape != want.shape:
-        return [f"{cid}: `{name}` has shape {want.shape}, its recomputation {fresh.shape}"]
-    top = float(np.abs(want).max()) if want.size else 0.0
-    limit = RECOMPUTE_ULPS * ulp(top, "float64")
-    diff = float(np.abs(fresh - want).max()) if want.size else 0.0
-    problems = []
-    if not diff <= limit:
-        problems.append(f"{cid}: `{name}` differs from its recomputation by {diff:.3g} "
-                        f"(allowed {limit:.3g})")
-    gradient = is_gradient(name)
-    tol, again = info["tolerance"], derive_tolerance(want, naive, dtype, gradient=gradient)
-    slack = ulp(top, dtype)
-    plausible = tol["e_max"] <= 2 * again["e_max"] + slack and \
-        again["e_max"] <= 2 * tol["e_max"] + slack
-    rule = max(tol["k"] * tol["e_max"], ulp_multiple(dtype, gradient=gradient) * ulp(top, dtype))
-    if not plausible:
-        problems.append(f"{cid}: `{name}` e_max {tol['e_max']:.3g} is not the naive pipeline's "
-                        f"({again['e_max']:.3g} here)")
-    for key in ("k", "rtol", "ulp_floor", "rule"):
-        if tol.get(key) != again[key]:
-            problems.append(f"{cid}: `{name}` tolerance field `{key}` is {tol.get(key)!r}, "
-                            f"the rule's is {again[key]!r}")
-    if tol["atol"] != rule or tol["max_abs_golden"] != top:
-        problems.append(f"{cid}: `{name}` tolerance does not follow the rule from its inputs")
-    return problems
-
-
-# -- verify -------------------------------------------------------------------
-
-
-@dataclass
-class VerifyReport:
-    """Problems found by `verify` (empty when the suite is intact)."""
-
-    path: Path
-    cases: int = 0
-    arrays: int = 0
-    problems: list[str] = field(default_factory=list)
-    recovered: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
-def verify(
-    path: str | os.PathLike[str], *, backend: str = "numpy", progress: Progress | None = None
-) -> VerifyReport:
-    """Check a suite: its files and hashes, then re-derive every case from scratch.
-
-    1. The manifest parses, has the supported ``format_version``, its digest
-       matches, it is in canonical form, and every case's file is the bare
-       name its id implies.
-    2. The directory holds exactly the manifest, the schema and one plain
-       file per case: missing, extra, linked or nested entries are reported.
-    3. Each file's SHA-256, then each array's name, dtype, shape and SHA-256.
-    4. Each case is re-derived (`case_problems`): parameters, scale, roles,
-       inputs, intermediates, goldens and tolerances. A case the library
-       does not know is reported as such.
-    """
-    suite = load_suite(path)
-    report = VerifyReport(suite.path, recovered=suite.recovered)
-    golden_backend(backend)  # an unknown backend is refused before any work
-    manifest = suite.manifest
-    for key, want in (("tolerance_rule", RULE), ("naive_pipeline", NAIVE_PIPELINE)):
-        if manifest.get(key) != want:
-            report.problems.append(f"{MANIFEST}: `{key}` is not the one this relpos-ref uses")
-    expected = {MANIFEST, SCHEMA} | {e["file"] for e in suite.cases.values()}
-    found = entries(suite.path)
-    report.problems += [f"missing file: {n}" for n in sorted(expected - set(found))]
-    report.problems += [f"unexpected {kind}: {n}" for n, kind in found.items()
-                        if n not in expected]
-    report.problems += [f"{n} is a {kind}, not a plain file" for n, kind in found.items()
-                        if n in expected and kind != "file"]
-    if found.get(SCHEMA) == "file" and (suite.path / SCHEMA).read_bytes() != \
-            schema_path().read_bytes():
-        report.problems.append(f"{SCHEMA} differs from the schema this relpos-ref publishes")
-    cases = list(suite.cases.values())
-    bar = progress or Progress(len(cases), "verify", enabled=False)
-    with bar:
-        for entry in cases:
-            report.cases += 1
-            if found.get(entry["file"]) == "file":
-                report.problems += _verify_case(suite, entry, backend, report)
-            bar.advance(entry["id"])
-    return report
-
-
-def _verify_case(
-    suite: Suite, entry: dict[str, Any], backend: str, report: VerifyReport
-) -> list[str]:
-    cid = entry["id"]
-    data = (suite.path / entry["file"]).read_bytes()
-    problems = []
-    if hashlib.sha256(data).hexdigest() != entry["file_sha256"]:
-        problems.append(f"{entry['file']}: SHA-256 differs from the manifest (file changed)")
-    try:
-        stored = loads_file(data, suite.path / entry["file"],
-                            dtypes={n: a["dtype"] for n, a in entry["arrays"].items()})
-    except (CorruptFileError, ValueError) as exc:
-        return [*problems, str(exc)]
-    if stored.keys() != entry["arrays"].keys():
-        problems.append(
-            f"{cid}: arrays {sorted(stored)} differ from the manifest's {sorted(entry['arrays'])}"
-        )
-        return problems
-    for name, a in stored.items():
-        info = entry["arrays"][name]
-        report.arrays += 1
-        if a.dtype.name != info["dtype"] or list(a.shape) != info["shape"]:
-            problems.append(f"{cid}: `{name}` is {a.dtype.name} {list(a.shape)}, manifest says "
-                            f"{info['dtype']} {info['shape']}")
-        elif array_sha256(a) != info["sha256"]:
-            problems.append(f"{cid}: `{name}` SHA-256 differs from the manifest (data changed)")
-    if problems:
-        return problems
-    return case_problems(entry, stored, backend=backend)
-
-
-# -- check --------------------------------------------------------------------
-
-#: What a result file must hold for its case to count: the case's output (and, with
-#: ``check(..., gradients=True)``, every gradient golden of the case).
-REQUIRED = ("output",)
-
-
-@dataclass
-class CheckReport:
-    """Results of `check`: per case, the array comparisons and what was missing.
-
-    A case matches only when every array in `REQUIRED` was given and every
-    array given is within its tolerance.
-    """
-
-    results: dict[str, list[ArrayResult]] = field(default_factory=dict)
-    incomplete: dict[str, list[str]] = field(default_factory=dict)
-    missing: list[str] = field(default_factory=list)
-
-    def _passed(self, cid: str) -> bool:
-        return cid not in self.incomplete and all(r.passed for r in self.results[cid])
-
-    @property
-    def ok(self) -> bool:
-        return all(self._passed(cid) for cid in self.results)
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {
-            "ok": self.ok,
-            "checked": len(self.results),
-            "not_provided": self.missing,
-            "cases": {
-                cid: {
-                    "passed": self._passed(cid),
-                    "missing_outputs": self.incomplete.get(cid, []),
-                    "arrays": {r.name: r.as_dict() for r in rs},
-                }
-                for cid, rs in self.results.items()
-            },
-        }
-
-    def lines(self, *, verbose: bool = False) -> Iterable[str]:
-        """Readable report: failing cases with every array, passing ones in a count."""
-        failed = 0
-        for cid, rs in self.results.items():
-            bad = not self._passed(cid)
-            failed += bad
-            if bad or verbose:
-                yield f"{'FAIL' if bad else 'ok  '} {cid}"
-                for name in self.incomplete.get(cid, []):
-                    yield f"     {name}: MISSING, the results must hold the case's `{name}`"
-                for r in rs:
-                    yield f"     {r.summary()}"
-        yield (
-            f"{len(self.results) - failed} of {len(self.results)} case(s) match"
-            + (f"; {len(self.missing)} case(s) not provided" if self.missing else "")
-        )
-
-
-def _result_files(obtained: Path, suite: Suite) -> dict[str, str]:
-    """The result file of each case of the suite found in `obtained` (name by case id).
-
-    Every entry of `obtained` must be a plain file named like a case of the
-    suite (``.safetensors`` or ``.npz``), one per case; anything else is refused,
-    named.
-    """
-    stems = {e["file"].rsplit(".", 1)[0]: cid for cid, e in suite.cases.items()}
-    found: dict[str, list[str]] = {}
-    strangers = []
-    for name, kind in entries(obtained).items():
-        stem, dot, ext = name.rpartition(".")
-        if kind != "file":
-            msg = f"{obtained / name} is a {kind}; results are plain files, one per case"
-            raise SuiteError(msg)
-        if not dot or f".{ext}" not in (".safetensors", ".npz") or stem not in stems:
-            strangers.append(name)
-            continue
-        found.setdefault(stems[stem], []).append(name)
-    if strangers:
-        listed = ", ".join(strangers[:5]) + (f" and {len(strangers) - 5} more"
-                                             if len(strangers) > 5 else "")
-        msg = (f"{obtained} holds file(s) named like no case of {suite.path}: {listed}; "
-               "results are one .safetensors or .npz file per case, named like the suite's")
-        raise SuiteError(msg)
-    for cid, names in found.items():
-        if len(names) > 1:
-            msg = (f"{obtained} holds {' and '.join(sorted(names))} for case {cid}: which one "
-                   "is the result? Keep one")
-            raise SuiteError(msg)
-    return {cid: names[0] for cid, names in found.items()}
-
-
-def check(
-    golden: str | os.PathLike[str],
-    obtained: str | os.PathLike[str],
-    *,
-    select: Sequence[str] | None = None,
-    gradients: bool = False,
-) -> CheckReport:
-    """Compare files of someone's results with a suite.
-
-    Parameters
-    ----------
-    golden : path
-        The suite directory.
-    obtained : path
-        A directory of plain files, one ``.safetensors`` or ``.npz`` per case,
-        named like the suite's, holding the case's ``output`` and any other
-        arrays of the case under the same names.
-    select : sequence of str, optional
-        Globs over case ids.
-    gradients : bool
-        Require each result file to hold the case's gradients too (``dq``,
-        ``dk``, ``dv`` and ``d_<table>``, computed with the case's
-        ``d_output``), for testing a backward pass. Without it, gradients a
-        file holds are compared and those it lacks are not required.
-
-    Raises
-    ------
-    SuiteError
-        No file matches a selected case; a file named like no case, two files
-        for one case, a directory or link in place of a file, a copy of a
-        golden file, results in the suite itself; arrays that cannot be
-        compared (wrong name, shape or dtype) or read; a case whose manifest
-        entry does not re-derive.
-    """
-    suite = load_suite(golden)
-    obtained = Path(obtained)
-    if not obtained.is_dir():
-        msg = f"{obtained} is not a directory of results (one file per case)"
-        raise SuiteError(msg)
-    if obtained.resolve() == suite.path.resolve():
-        msg = f"{obtained} is the suite itself; results go in a directory of their own"
-        raise SuiteError(msg)
-    files = _result_files(obtained, suite)
-    report = CheckReport()
-    errors = []
-    selected = suite.select(select)
-    for entry in selected:
-        cid = entry["id"]
-        if cid not in files:
-            report.missing.append(cid)
-            continue
-        path = obtained / files[cid]
-        data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() == entry["file_sha256"]:
-            msg = f"{path} is a copy of the golden file of case {cid}, not results"
-            raise SuiteError(msg)
-        case = suite.load(cid)
-        try:
-            got = loads_file(data, path, dtypes={n: entry["dtype"] for n in entry["arrays"]})
-            report.results[cid] = case.compare(got)
-        except (ObtainedError, CorruptFileError) as exc:
-            errors.append(str(exc))
-            continue
-        required = [*REQUIRED, *(case.gradient_names if gradients else ())]
-        lacking = [name for name in required if name not in got]
-        if lacking:
-            report.incomplete[cid] = lacking
-    if errors:
-        raise SuiteError(" | ".join(errors))
-    if not report.results:
-        example = selected[0]["file"] if selected else next(iter(suite.cases.values()))["file"]
-        msg = (
-            f"{obtained} holds no file named like a selected case of {suite.path} "
-            f"(e.g. {example}, or the same name ending in .npz)"
-        )
-        raise SuiteError(msg)
-    return report
+    return Suite(path, manifest, recovered, reading)

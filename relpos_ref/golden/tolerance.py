@@ -40,7 +40,21 @@ import numpy as np
 
 from .dtypes import SIXTEEN_BIT, ulp
 
-__all__ = ["RULE", "derive_tolerance", "safety_factor", "ulp_multiple"]
+__all__ = [
+    "E_MAX_FACTOR",
+    "E_MAX_ULPS",
+    "RULE",
+    "derive_tolerance",
+    "e_max_agrees",
+    "naive_environment",
+    "safety_factor",
+    "ulp_multiple",
+]
+
+#: Across environments (another NumPy build or CPU), a stored ``e_max`` must lie within
+#: this factor, and this many ulps of max|golden|, of the naive pipeline's here.
+E_MAX_FACTOR = 4.0
+E_MAX_ULPS = 4.0
 
 RULE = (
     "atol = max(k * e_max, m * ulp(max|golden|)); k = 3 for 16-bit dtypes, 10 otherwise; "
@@ -124,3 +138,63 @@ def derive_tolerance(
         "ulp_floor": floor,
         "rule": RULE,
     }
+
+
+def naive_environment() -> str:
+    """Where the naive pipeline runs: the versions and CPU dispatch its rounding depends on.
+
+    NumPy picks ``exp``, ``sum`` and friends by CPU (AVX-512, AVX2, SSE,
+    NEON), and their last bits differ between those builds: with NumPy 2.4
+    limited to SSE4.2 (``NPY_DISABLE_CPU_FEATURES``), the naive ``e_max`` of
+    the default suite's arrays is up to 2.61 times (13.9 ulps) away from the
+    AVX-512 run. In one environment the pipeline is deterministic, so equal
+    strings mean a bit-for-bit equal ``e_max`` (`e_max_agrees`).
+
+    Examples
+    --------
+    >>> naive_environment().startswith("relpos-ref ")
+    True
+    """
+    import platform
+
+    import ml_dtypes
+
+    from .. import __version__
+
+    simd = []
+    for where in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):
+        try:
+            module = __import__(where, fromlist=["__cpu_features__"])
+        except ImportError:
+            continue
+        found = module.__cpu_features__
+        simd = [*module.__cpu_baseline__,
+                *(name for name in module.__cpu_dispatch__ if found.get(name))]
+        break
+    return (f"relpos-ref {__version__}, numpy {np.__version__}, ml_dtypes "
+            f"{ml_dtypes.__version__}, {platform.machine()} {' '.join(simd) or 'unknown'}")
+
+
+def e_max_agrees(stored: float, here: float, top: float, dtype: str, *,
+                 same_environment: bool) -> bool:
+    """Whether a stored ``e_max`` is the naive pipeline's, run `here` again.
+
+    In the environment that generated the suite (`naive_environment`), bit
+    for bit. Elsewhere, within `E_MAX_FACTOR` times and `E_MAX_ULPS` ulps of
+    ``max|golden|`` either way. That window is no slack a forger can use:
+    `relpos_ref.golden.Suite.load` compares results within the smaller of the
+    stored tolerance and the one derived here (see ``docs/golden.md``).
+
+    Examples
+    --------
+    >>> e_max_agrees(1e-7, 1e-7, 1.0, "float32", same_environment=True)
+    True
+    >>> e_max_agrees(2e-7, 1e-7, 1.0, "float32", same_environment=True)
+    False
+    >>> e_max_agrees(2e-7, 1e-7, 1.0, "float32", same_environment=False)
+    True
+    """
+    if same_environment:
+        return stored == here
+    slack = E_MAX_ULPS * ulp(top, dtype)
+    return stored <= E_MAX_FACTOR * here + slack and here <= E_MAX_FACTOR * stored + slack
