@@ -55,6 +55,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._triton_tiles import allowed_pairs, difference
+
 
 @triton.jit
 def product(a, b, A_SPLIT: tl.constexpr, B_SPLIT: tl.constexpr, DOT: tl.constexpr,
@@ -85,7 +87,7 @@ def product(a, b, A_SPLIT: tl.constexpr, B_SPLIT: tl.constexpr, DOT: tl.constexp
 
 @triton.jit
 def attention_forward(
-    Q, K, V, Out,
+    Q, K, V, Out, Lse,
     sqa, sqb, sqh, sqm, ska, skb, skh, skn, sva, svb, svh, svn, soa, sob, soh, som,
     n_b, n_h, t_q, t_k, q_offset, scale, n_diff, c_lo, c_hi,
     Mask, sma, smb, smh, smm, smn,
@@ -101,7 +103,7 @@ def attention_forward(
     NG: tl.constexpr, G1_COORDS: tl.constexpr, G2_COORDS: tl.constexpr,
     DOT: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     Q_WIDE: tl.constexpr, K_WIDE: tl.constexpr, QW_WIDE: tl.constexpr, TQ_WIDE: tl.constexpr,
-    TK_WIDE: tl.constexpr, INTERPRET: tl.constexpr,
+    TK_WIDE: tl.constexpr, INTERPRET: tl.constexpr, STORE_LSE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_z = tl.program_id(1)
@@ -125,14 +127,11 @@ def attention_forward(
     if HAS_QW:
         qw = tl.load(QW + a * swa + b * swb + h * swh + offs_m[:, None] * swm + offs_d[None, :],
                      mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-    if NG >= 1:
-        g1 = G1 + a * s1a + b * s1b + h * s1h + offs_m[:, None] * s1m
-        if G1_COORDS:
-            qc1 = tl.load(QC1 + offs_m, mask=m_ok, other=0)
-    if NG >= 2:
-        g2 = G2 + a * s2a + b * s2b + h * s2h + offs_m[:, None] * s2m
-        if G2_COORDS:
-            qc2 = tl.load(QC2 + offs_m, mask=m_ok, other=0)
+    g1 = G1 + a * s1a + b * s1b + h * s1h + offs_m[:, None] * s1m
+    qc1 = tl.load(QC1 + offs_m, mask=m_ok, other=0) if G1_COORDS else offs_m
+    g2 = G2 + a * s2a + b * s2b + h * s2h + offs_m[:, None] * s2m
+    qc2 = tl.load(QC2 + offs_m, mask=m_ok, other=0) if G2_COORDS else offs_m
+    mask_rows = Mask + a * sma + b * smb + h * smh + offs_m[:, None] * smm
 
     if HAS_QW:  # the terms of tiles wholly beyond the band of the maps: one row each end
         rq0 = tl.load(RQ)
@@ -212,26 +211,13 @@ def attention_forward(
         s = s * scale
         inside = m_ok[:, None] & n_ok[None, :]
         if NG >= 1:
-            if G1_COORDS:
-                kc1 = tl.load(KC1 + offs_n, mask=n_ok, other=0)
-                diff1 = kc1[None, :] - qc1[:, None] - low1
-            else:
-                diff1 = offs_n[None, :] - offs_m[:, None] + t_q - 1
+            diff1 = difference(offs_m, offs_n, n_ok, t_q, qc1, KC1, low1, G1_COORDS)
             s += tl.load(g1 + diff1 * s1c, mask=inside, other=0.0)
         if NG >= 2:
-            if G2_COORDS:
-                kc2 = tl.load(KC2 + offs_n, mask=n_ok, other=0)
-                diff2 = kc2[None, :] - qc2[:, None] - low2
-            else:
-                diff2 = offs_n[None, :] - offs_m[:, None] + t_q - 1
+            diff2 = difference(offs_m, offs_n, n_ok, t_q, qc2, KC2, low2, G2_COORDS)
             s += tl.load(g2 + diff2 * s2c, mask=inside, other=0.0)
-        allowed = inside
-        if CAUSAL:
-            allowed = allowed & (offs_n[None, :] <= offs_m[:, None] + q_offset)
-        if HAS_MASK:
-            kept = tl.load(Mask + a * sma + b * smb + h * smh + offs_m[:, None] * smm
-                           + offs_n[None, :] * smn, mask=inside, other=0)
-            allowed = allowed & (kept != 0)
+        allowed = allowed_pairs(inside, offs_m, offs_n, q_offset, mask_rows, smn, CAUSAL,
+                                HAS_MASK)
         # an allowed logit that overflowed to -inf is NaN: its row is NaN, not empty
         s = tl.where(allowed, tl.where(s == float("-inf"), float("nan"), s), float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -264,3 +250,6 @@ def attention_forward(
     out = tl.where(empty[:, None], 0.0, out)
     tl.store(Out + a * soa + b * sob + h * soh + offs_m[:, None] * som + offs_dv[None, :],
              out.to(Out.dtype.element_ty), mask=m_ok[:, None] & dv_ok[None, :])
+    if STORE_LSE:  # for the backward pass: log sum exp of each row, -inf for an empty one
+        lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
+        tl.store(Lse + pid_z * t_q + offs_m, lse.to(tl.float32), mask=m_ok)

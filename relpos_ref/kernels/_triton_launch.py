@@ -203,7 +203,7 @@ def launch_forward(form: DistanceForm, kernel: Any, *, interpret: bool, precisio
 
 
 def forward_arguments(form: DistanceForm, *, interpret: bool = False,
-                      precision: str = "tf32x3") -> Launch:
+                      precision: str = "tf32x3", store_lse: bool = False) -> Launch:
     """The arguments of the forward kernel for a form that `fits` (the output allocated)."""
     import triton.language as tl
 
@@ -231,9 +231,11 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
     n_diff = t_q + t_k - 1
     window_q = [t for t in form.query_terms if t.index.by_distance]
     dummy_int = xp.zeros((1,), dtype=xp.int32, device=device)
+    dummy = xp.zeros((1,), dtype=xp.float32, device=device)
     c_lo, c_hi = _constant_ends(xp, [t.index.rows for t in (*window_q, *form.key_terms,
                                                             *form.values)], n_diff)
-    args: list[Any] = [qa, ka, va, out, *sq[:4], *sk[:4], *sv[:4], *so[:4],
+    lse = xp.empty((n_z * t_q,), dtype=xp.float32, device=device) if store_lse else dummy
+    args: list[Any] = [qa, ka, va, out, lse, *sq[:4], *sk[:4], *sv[:4], *so[:4],
                        n_b, n_h, t_q, t_k, call.q_offset, float(call.scale), n_diff, c_lo, c_hi]
     if form.mask is not None:
         mask = xp.astype(form.mask, xp.uint8)
@@ -283,7 +285,7 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
         HAS_KW=bool(form.key_terms), HAS_VW=bool(form.values), NG=len(gathered),
         G1_COORDS=coords[0], G2_COORDS=coords[1], DOT=dot,
         PRECISION="ieee" if dot in (tl.float64, tl.float16, tl.bfloat16) else precision,
-        SPLIT=sixteen, INTERPRET=interpret,
+        SPLIT=sixteen, INTERPRET=interpret, STORE_LSE=store_lse,
         Q_WIDE=sixteen and _wide(xp, q), K_WIDE=sixteen and _wide(xp, k),
         QW_WIDE=sixteen and bool(window_q) and _wide(xp, window_q[0].vectors),
         TQ_WIDE=sixteen and bool(window_q) and _wide(xp, window_q[0].table),

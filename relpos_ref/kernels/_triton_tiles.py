@@ -1,0 +1,45 @@
+"""Pieces of a tile that the Triton kernels share: the gathered terms and the allowed pairs.
+
+Each is a ``triton.jit`` function called from inside a kernel
+(`relpos_ref.kernels._triton_forward`, `relpos_ref.kernels._triton_backward`),
+so that the forward pass and the backward pass, which recomputes the
+forward's logits, read a term and a mask the same way.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def difference(offs_m, offs_n, n_ok, t_q, qc, KC, low, COORDS: tl.constexpr):
+    """Each pair's index into a gathered term: its distance, or its difference of coordinates.
+
+    By distance the index is ``j - i + t_q - 1`` (``r`` less the grid's
+    smallest); with ``COORDS``, ``key[j] - query[i] - low`` from the
+    coordinates ``qc`` (loaded for the tile's queries) and ``KC``.
+    """
+    if COORDS:
+        kc = tl.load(KC + offs_n, mask=n_ok, other=0)
+        diff = kc[None, :] - qc[:, None] - low
+    else:
+        diff = offs_n[None, :] - offs_m[:, None] + t_q - 1
+    return diff
+
+
+@triton.jit
+def allowed_pairs(inside, offs_m, offs_n, q_offset, mask_rows, smn,
+                  CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):
+    """The tile's pairs that may attend: inside the grid, not in the future, kept by the mask.
+
+    ``mask_rows`` points at the mask's entry ``(i, 0)`` of each of the tile's
+    queries (``(BM, 1)``); ``smn`` is its stride along the keys.
+    """
+    allowed = inside
+    if CAUSAL:
+        allowed = allowed & (offs_n[None, :] <= offs_m[:, None] + q_offset)
+    if HAS_MASK:
+        kept = tl.load(mask_rows + offs_n[None, :] * smn, mask=inside, other=0)
+        allowed = allowed & (kept != 0)
+    return allowed
