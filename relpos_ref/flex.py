@@ -219,9 +219,13 @@ def _mask_mod(form: DistanceForm, lead: tuple[int, ...]) -> tuple[Any, int]:
 
 
 def _value_table_name(scheme: str, tables: tuple[Any, ...], form: DistanceForm) -> str:
-    named = catalog.tables_by_name(catalog.get(scheme), tables)
+    """The argument that holds the form's first value table (rows of width ``d_v``)."""
+    entry = catalog.get(scheme)
+    named = catalog.tables_by_name(entry, tables)
     value = form.values[0].table
-    return next((n for n, a in named.items() if a is value), "value_table")
+    found = [t for t in entry.tables if named.get(t.name) is value]  # one array may be two
+    found.sort(key=lambda t: t.width != "d_v")
+    return found[0].name if found else "value_table"
 
 
 def _export(scheme: str, q: Any, k: Any, v: Any, tables: tuple[Any, ...],

@@ -276,3 +276,42 @@ def test_the_arguments_say_what_flex_attention_takes():
     # the score_mod adds ALiBi's -m |r| to a score that arrives scaled
     score = causal.score_mod(torch.tensor(0.0), torch.tensor(0), torch.tensor(0), i, j - 2)
     assert torch.isclose(score, torch.tensor(-2 * rp.alibi_slopes(3)[0]))
+
+
+def test_a_value_table_passed_as_the_key_table_too_is_named_as_the_value_table():
+    q, k, v = _small()
+    table = torch.randn(5, 4)
+    with pytest.raises(ValueError, match=r"^`value_table`: FlexAttention cannot"):
+        flex_attention_args("shaw", q, k, v, table, table)
+
+
+def _described(form):
+    """The docs table's words for a form's pieces."""
+    def by(terms):
+        return "by distance" if all(t.index.by_distance for t in terms) else "by coordinates"
+
+    if any(a is not None for a in form.dense):
+        return "dense `position`, `bias`"
+    if form.key_terms:
+        return f"query and key sides, {by(form.query_terms + form.key_terms)}"
+    if form.query_terms:
+        count = {1: "query side", 2: "two query sides"}[len(form.query_terms)]
+        return f"{count}, {by(form.query_terms)}"
+    if form.biases:
+        return f"bias, {by(form.biases)}"
+    return "no term"
+
+
+def test_the_docs_table_says_what_each_scheme_lowers_to():
+    from pathlib import Path
+
+    from relpos_ref.lowering import lower
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "flex.md"
+    rows = {cells[1].strip(): cells[2].strip() for line in page.read_text().splitlines()
+            if (cells := line.split("|")) and len(cells) == 6}
+    for scheme in SCHEMES:
+        args, kwargs = _typical_call(scheme)
+        if scheme == "plain":
+            kwargs["bias"] = torch.zeros(6, 6)
+        assert rows[scheme] == _described(lower(scheme, *args, **kwargs)), scheme
