@@ -78,15 +78,16 @@ def _lengths(draw, scheme, longest=9):
 
 
 @st.composite
-def calls(draw, scheme, dtypes=("float32", "float64"), longest=9):
+def calls(draw, scheme, dtypes=("float32", "float64"), longest=9, heads=None):
     """(args, kwargs) of one ``*_attention`` call on NumPy arrays of one of `dtypes`.
 
-    Sequences have up to `longest` queries and keys.
+    Sequences have up to `longest` queries and keys; `heads`, a strategy, draws
+    the number of heads (default 1 to 3).
     """
     entry = catalog.get(scheme)
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     dtype = draw(st.sampled_from(dtypes))
-    heads, d = draw(st.integers(1, 3)), 4
+    heads, d = draw(st.integers(1, 3) if heads is None else heads), 4
     t_q, t_k, q_offset, sizes, options = _lengths(draw, scheme, longest)
     per_head = draw(st.booleans())
     switches = {t.switch: draw(st.booleans()) for t in entry.tables if t.switch}

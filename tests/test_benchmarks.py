@@ -88,6 +88,15 @@ def test_benchmark_suite_on_torch_compares_with_sdpa(bench, tmp_path, capsys, mo
     assert flex["case"] == "bias (FlexAttention score_mod, eager)" and "ours/Flex" in printed
     assert flex["seconds"] > 0 and flex["flex_seconds"] > 0 and flex["ratio_to_flex"] > 0
     assert flex["max_abs_difference"] < 1e-5  # the same bias, looked up the same way
+    export = {row["scheme"]: row for row in report["flex_export"]}
+    assert set(export) == {"bias", "t5", "alibi"} and "exp/hand" in printed
+    for row in export.values():
+        assert "error" not in row, row
+        assert row["seconds"] > 0 and row["hand_written_seconds"] > 0 and row["sdpa_seconds"] > 0
+        assert row["within_10_percent"] == (row["ratio_to_hand_written"] <= 1.1)
+        assert row["max_abs_difference"] < 1e-5 and row["max_abs_difference_sdpa"] < 1e-5
+    assert {t["target"] for t in report["targets"]} >= {
+        f"flex export {s} <= 1.1x hand-written score_mod" for s in export}
 
 
 def test_flex_score_mod_reads_the_bias_table_as_bias_attention_does(bench):
@@ -122,6 +131,31 @@ def test_flex_off_and_a_failing_flex_are_reported_not_raised(bench, tmp_path, ca
     row = bench.flex_comparison(backends.get("torch"), *(_torch_inputs(2, 16, 4)),
                                 _torch_table(1, 5), 2, 1, "eager")
     assert row["error"].startswith(("IndexError", "RuntimeError")), row
+
+
+def test_hand_written_score_mods_are_the_schemes_bias(bench):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    import warnings
+
+    q, k, v = _torch_inputs(3, 12, 4)
+    tables = {"bias": _torch_table(3, 5), "t5": _torch_table(3, 8),
+              "alibi": torch.tensor(rp.alibi_slopes(3))}
+    mods = bench.hand_written_mods(tables, 12, 2)
+    with rp.kernels.disabled():
+        want = {"bias": rp.bias_attention(q, k, v, tables["bias"]),
+                "t5": rp.t5_attention(q, k, v, tables["t5"]),
+                "alibi": rp.alibi_attention(q, k, v, slopes=tables["alibi"])}
+    for scheme, mod in mods.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # eager FlexAttention
+            got = flex.flex_attention(q, k, v, score_mod=mod, scale=1.0 if scheme == "t5" else None)
+        torch.testing.assert_close(got, want[scheme], rtol=1e-5, atol=1e-6)
+    # a failing export is reported in its row
+    rows = bench.flex_export_comparison(backends.get("torch"), q, k, v,
+                                        {**tables, "bias": _torch_table(1, 4)}, 2, 1, "eager")
+    assert rows[0]["error"].startswith("ValueError: `table`"), rows[0]
+    assert all("error" not in row for row in rows[1:])
 
 
 def _torch_inputs(heads, t, d):

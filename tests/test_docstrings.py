@@ -21,6 +21,7 @@ MODULES = [
     "relpos_ref.gradients",
     "relpos_ref.catalog",
     "relpos_ref.lowering",
+    "relpos_ref.flex",
     "relpos_ref.kernels",
     "relpos_ref.kernels.torch",
     "relpos_ref.kernels._overflow",
@@ -56,7 +57,7 @@ MODULES = [
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples_run(name):
-    if name == "relpos_ref.kernels.torch":
+    if name in ("relpos_ref.kernels.torch", "relpos_ref.flex"):
         pytest.importorskip("torch")
     module = importlib.import_module(name)
     result = run_docstring_examples(module, with_kernels=name.startswith("relpos_ref.kernels"))
