@@ -252,4 +252,4 @@ def attention_forward(
              out.to(Out.dtype.element_ty), mask=m_ok[:, None] & dv_ok[None, :])
     if STORE_LSE:  # for the backward pass: log sum exp of each row, -inf for an empty one
         lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
-        tl.store(Lse + pid_z * t_q + offs_m, lse.to(tl.float32), mask=m_ok)
+        tl.store(Lse + pid_z * t_q + offs_m, lse.to(Lse.dtype.element_ty), mask=m_ok)

@@ -23,7 +23,9 @@ from typing import Any, NamedTuple
 from .. import _xp
 from ..lowering import DistanceForm
 
-__all__ = ["TILES", "Launch", "fits", "forward_arguments", "launch_forward", "tile_sizes"]
+__all__ = [
+    "TILES", "Launch", "fits", "forward_arguments", "launch_forward", "run", "tile_sizes",
+]
 
 #: Largest feature widths the kernel takes (padded to a power of two, at least 16).
 MAX_WIDTH = 256
@@ -190,16 +192,30 @@ class Launch(NamedTuple):
     warps: int
     out: Any
     shape: tuple[int, ...]
+    batch: tuple[int, ...] = ()
+    gathered: tuple[Any, ...] = ()
 
 
-def launch_forward(form: DistanceForm, kernel: Any, *, interpret: bool, precision: str) -> Any:
-    """Run the fused forward kernel on a form that `fits`; the output ``(*batch, t_q, d_v)``."""
-    launch = forward_arguments(form, interpret=interpret, precision=precision)
-    with _on_device_of(form.v):
+def launch_forward(form: DistanceForm, kernel: Any, *, interpret: bool, precision: str,
+                   store_lse: bool = False) -> Any:
+    """Run the fused forward kernel on a form that `fits`; the output ``(*batch, t_q, d_v)``.
+
+    With `store_lse`, the `Launch` too (its arguments hold each row's
+    log-sum-exp, for `relpos_ref.kernels._triton_vjp`).
+    """
+    launch = forward_arguments(form, interpret=interpret, precision=precision,
+                               store_lse=store_lse)
+    run(kernel, launch.grid, launch.args, launch.constants, launch.warps, form.v)
+    out = form.call.xp.reshape(launch.out, launch.shape)
+    return (out, launch) if store_lse else out
+
+
+def run(kernel: Any, grid: tuple[int, int], args: list[Any], constants: dict[str, Any],
+        warps: int, like: Any) -> None:
+    """Launch `kernel` on the device (and CuPy's stream) of `like`."""
+    with _on_device_of(like):
         options = {} if STAGES is None else {"num_stages": STAGES}
-        kernel[launch.grid](*(_arg(a) for a in launch.args), **launch.constants,
-                            num_warps=launch.warps, **options)
-    return form.call.xp.reshape(launch.out, launch.shape)
+        kernel[grid](*(_arg(a) for a in args), **constants, num_warps=warps, **options)
 
 
 def forward_arguments(form: DistanceForm, *, interpret: bool = False,
@@ -226,7 +242,11 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
     t_q, t_k, d, d_v = call.t_q, call.t_k, q.shape[-1], v.shape[-1]
     (qa, sq), (ka, sk), (va, sv) = (_leading(x, batch, tuple(x.shape[-2:]), xp)
                                     for x in (q, k, v))
-    out = xp.empty((n_z // (n_b * n_h), n_b, n_h, t_q, d_v), dtype=dtype, device=device)
+    # for the backward pass the output stays in the softmax's dtype (its rows' sums with the
+    # cotangent are the specification's, not those of a 16-bit rounding of it)
+    wide = xp.float64 if dtype == xp.float64 else xp.float32
+    out = xp.empty((n_z // (n_b * n_h), n_b, n_h, t_q, d_v), dtype=wide if store_lse else dtype,
+                   device=device)
     so = _strides(out)
     n_diff = t_q + t_k - 1
     window_q = [t for t in form.query_terms if t.index.by_distance]
@@ -234,7 +254,7 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
     dummy = xp.zeros((1,), dtype=xp.float32, device=device)
     c_lo, c_hi = _constant_ends(xp, [t.index.rows for t in (*window_q, *form.key_terms,
                                                             *form.values)], n_diff)
-    lse = xp.empty((n_z * t_q,), dtype=xp.float32, device=device) if store_lse else dummy
+    lse = xp.empty((n_z * t_q,), dtype=wide, device=device) if store_lse else dummy
     args: list[Any] = [qa, ka, va, out, lse, *sq[:4], *sk[:4], *sv[:4], *so[:4],
                        n_b, n_h, t_q, t_k, call.q_offset, float(call.scale), n_diff, c_lo, c_hi]
     if form.mask is not None:
@@ -260,7 +280,8 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
     for slot in range(2):
         if slot < len(gathered):
             array, index = gathered[slot]
-            ga, sg = _leading(array, batch, (t_q, array.shape[-1]), xp)
+            # a dense term broadcasts to every pair, a row of differences to every query
+            ga, sg = _leading(array, batch, _gathered_tail(array, index, t_q, t_k), xp)
             by_coordinates = index is None or not index.by_distance
             if index is None:  # dense: [i, j], the key's position
                 zero = xp.zeros((t_q,), dtype=xp.int32, device=device)
@@ -292,7 +313,8 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
         TK_WIDE=sixteen and bool(form.key_terms) and _wide(xp, form.key_terms[0].table),
     )
     shape = (*batch, t_q, d_v) if batch != (1,) or q.ndim > 2 else (t_q, d_v)
-    return Launch(args, constants, (triton_cdiv(t_q, bm), n_z), warps, out, shape)
+    return Launch(args, constants, (triton_cdiv(t_q, bm), n_z), warps, out, shape, batch,
+                  tuple(gathered))
 
 
 def _constant_ends(xp: Any, maps: list[Any], n: int) -> tuple[int, int]:
@@ -314,6 +336,11 @@ def _constant_ends(xp: Any, maps: list[Any], n: int) -> tuple[int, int]:
         return -1, n
     runs = xp.stack(ends).tolist()
     return min(lead for lead, _ in runs) - 1, n - min(trail for _, trail in runs)
+
+
+def _gathered_tail(array: Any, index: Any, t_q: int, t_k: int) -> tuple[int, int]:
+    """The last two axes a gathered term is read with: ``(t_q, t_k)`` dense, ``(t_q, n)`` else."""
+    return (t_q, t_k) if index is None else (t_q, array.shape[-1])
 
 
 def _wide(xp: Any, x: Any) -> bool:

@@ -59,14 +59,17 @@ from triton.runtime.errors import OutOfResources  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from .. import _xp, catalog  # noqa: E402
+from ..gradients import check_d_output  # noqa: E402
 from ..lowering import lower  # noqa: E402
 from ._blocked_rows import blocked_arguments, check_blocked_arguments  # noqa: E402
 from ._overflow import limit, logit_bound  # noqa: E402
 from ._triton_forward import attention_forward  # noqa: E402
 from ._triton_launch import fits, launch_forward  # noqa: E402
+from ._triton_vjp import covers, form_gradients  # noqa: E402
 
 __all__ = [
-    "BLOCKED_KERNELS", "ENV_VAR", "INTERPRETER", "KERNELS", "PRECISION", "accepts", "interpreted",
+    "BLOCKED_KERNELS", "ENV_VAR", "INTERPRETER", "KERNELS", "PRECISION", "VJP_KERNELS", "accepts",
+    "interpreted",
 ]
 
 #: ``input_precision`` of float32 products: "tf32x3" (default: three tensor-core products,
@@ -75,6 +78,11 @@ PRECISION = os.environ.get("RELPOS_TRITON_FP32", "tf32x3")
 
 #: Scheme name (as in `relpos_ref.catalog`) -> its Triton kernel.
 KERNELS: dict[str, Callable[..., Any]] = {}
+
+#: Scheme name -> its backward pass on torch tensors: the fused backward kernels for the
+#: forms without window terms (`relpos_ref.kernels._triton_vjp.covers`), autograd through
+#: the lowering for the arguments' gradients.
+VJP_KERNELS: dict[str, Callable[..., Any]] = {}
 
 #: Scheme name -> `relpos_ref.blocked.blocked_attention` of that scheme: the fused kernel
 #: itself, whose tiles already bound its memory (the block size is checked, then unused).
@@ -224,6 +232,75 @@ def _kernel(name: str) -> Callable[..., Any]:
     return kernel
 
 
+def _vjp_kernel(name: str) -> Callable[..., Any]:
+    entry = catalog.get(name)
+    signature = inspect.signature(entry.vjp)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        try:
+            given = dict(signature.bind(*args, **kwargs).arguments)
+        except TypeError:
+            return NotImplemented  # the specification says what is wrong
+        d_output = given.pop("d_output")
+        q, k, v = given["q"], given["k"], given["v"]
+        tables = {t.name: given[t.name] for t in entry.tables if given.get(t.name) is not None}
+        arrays = [a for a in (*given.values(), d_output) if _is_array(a)]
+        if (_xp.library_name(v) != "torch" or not accepts(tuple(arrays))
+                or len({str(a.device) for a in arrays}) != 1
+                or str(v.dtype).rsplit(".", 1)[-1] not in _DTYPES):
+            return NotImplemented  # CuPy's gradients: the specification (no autograd there)
+        import torch
+
+        if torch.is_grad_enabled() and any(a.requires_grad for a in arrays):
+            return NotImplemented  # the specification's gradients are differentiable
+        # the specification's checks, in its order: the call, then the cotangent
+        options = {n: a for n, a in given.items() if n not in ("q", "k", "v", *tables)}
+        call, completed = entry.check_call(
+            q, k, v, tables, scale=options.pop("scale", None), mask=options.pop("mask", None),
+            causal=options.pop("causal", None), q_offset=options.pop("q_offset", None),
+            options={o.name: options.pop(o.name) for o in entry.options if o.name in options})
+        check_d_output(d_output, q, call, v.shape[-1], mask=given.get("mask"))
+        form = lower(name, q, k, v, *_table_args(entry, tables), **_call_options(given))
+        named = {"q": q, "k": k, "v": v, **tables,
+                 **{n: a for n, a in {**options, **completed}.items() if _is_array(a)}}
+        if (0 in (call.t_q, call.t_k, q.shape[-1], v.shape[-1]) or not fits(form)
+                or not covers(form) or not _bounded(form.call.xp, name, call, named)
+                or not _bounded(form.call.xp, "plain", call, {"q": d_output})):
+            return NotImplemented
+        leaves = {n: a.detach().requires_grad_(True) for n, a in named.items()
+                  if a.dtype.is_floating_point}
+        with torch.enable_grad():
+            form = lower(name, leaves["q"], leaves["k"], leaves["v"],
+                         *_table_args(entry, {n: leaves[n] for n in tables}),
+                         **_call_options({**given, **{n: leaves[n] for n in leaves
+                                                      if n not in ("q", "k", "v", *tables)}}))
+            _, targets, gradients = form_gradients(
+                form, d_output, _KERNEL, interpret=INTERPRETER, precision=PRECISION)
+            found = torch.autograd.grad(targets, list(leaves.values()), gradients,
+                                        allow_unused=True)
+        return {n: (torch.zeros_like(a) if g is None else g.to(a.dtype))
+                for (n, a), g in zip(leaves.items(), found, strict=True)}
+
+    kernel.__name__ = kernel.__qualname__ = f"{name}_attention_vjp_triton"
+    kernel.__doc__ = (f"`{entry.vjp.__name__}` by the fused backward kernels and autograd through "
+                      "the lowering (see the module docstring).")
+    return kernel
+
+
+def _table_args(entry: Any, tables: dict[str, Any]) -> list[Any]:
+    found = [tables.get(t.name) for t in entry.tables]
+    while found and found[-1] is None:
+        found.pop()
+    return found
+
+
+def _call_options(given: dict[str, Any]) -> dict[str, Any]:
+    # the keywords of `lower` from a call's arguments by name (arrays and tables left out)
+    return {n: a for n, a in given.items()
+            if n not in ("q", "k", "v", "d_output") and not n.endswith("table")
+            and n not in ("w_r", "content_bias", "position_bias")}
+
+
 def _blocked_kernel(name: str) -> Callable[..., Any]:
     forward = KERNELS[name]
 
@@ -271,5 +348,6 @@ def _is_array(x: Any) -> bool:
 
 for _name in catalog.names(plain=True):
     KERNELS[_name] = _kernel(_name)
+    VJP_KERNELS[_name] = _vjp_kernel(_name)
     BLOCKED_KERNELS[_name] = _blocked_kernel(_name)
 del _name
