@@ -28,23 +28,26 @@ pytest.importorskip("triton")
 SHARED_LIMIT = 232448
 
 
-def _build(schemes: str, dtypes: str) -> list[dict]:
+def _build(schemes: str, dtypes: str, *more: str) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     done = subprocess.run([sys.executable, "-m", "relpos_ref.kernels._triton_variants",
-                           "--schemes", schemes, "--dtypes", dtypes, "--not-causal"],
+                           "--schemes", schemes, "--dtypes", dtypes, "--not-causal", *more],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
 def test_kernel_variants_build_for_hopper_fit_and_use_tensor_cores():
-    reports = _build("plain,bias,shaw,grid2d", "float16") + _build("bias", "float32")
+    reports = (_build("plain,bias,shaw,grid2d", "float16") + _build("bias", "float32")
+               + _build("bias", "float16", "--backward"))
     assert {r["variant"] for r in reports} == {
-        "plain-float16", "bias-float16", "shaw-float16", "grid2d-float16", "bias-float32"}
+        "plain-float16", "bias-float16", "shaw-float16", "grid2d-float16", "bias-float32",
+        "bias-float16-dq", "bias-float16-dkdv"}
     for report in reports:
         print(report)  # the build's resources, spills included, in the test log
         assert report["shared"] <= SHARED_LIMIT, report
         assert report["tensor_cores"], report
-        if report["variant"] in ("plain-float16", "bias-float16", "grid2d-float16"):
+        if report["variant"] in ("plain-float16", "bias-float16", "grid2d-float16",
+                                 "bias-float16-dq", "bias-float16-dkdv"):
             assert report["wgmma"], report  # tiles of 64 queries: Hopper's warp-group products

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Build", "build", "variants"]
+__all__ = ["Build", "backward_variants", "build", "variants"]
 
 SCHEMES_WITH = {"grid2d": {"height": 4, "width": 8}, "swin": {"window_height": 4,
                                                              "window_width": 8}}
@@ -104,10 +104,42 @@ def variants(schemes: tuple[str, ...] | None = None, dtypes: tuple[str, ...] | N
     return found
 
 
-def _signature(args: list[Any], constants: dict[str, Any]) -> dict[str, str]:
+def backward_variants(schemes: tuple[str, ...], dtypes: tuple[str, ...]
+                      ) -> dict[str, tuple[Any, list[Any], dict[str, Any], int]]:
+    """Name -> a backward kernel, its arguments, options and warps, per scheme and dtype.
+
+    The typical calls of `variants` (not causal) whose forms the backward
+    kernels cover (`relpos_ref.kernels._triton_vjp.covers`).
+    """
+    import torch
+
+    from ..lowering import lower
+    from ._triton_backward import attention_dkdv, attention_dq
+    from ._triton_launch import forward_arguments
+    from ._triton_vjp import backward_arguments, covers
+
+    found = {}
+    for scheme in schemes:
+        for name in dtypes:
+            args, kwargs = _typical(scheme, getattr(torch, name), False)
+            form = lower(scheme, *args, **kwargs)
+            if not covers(form):
+                continue
+            launch = forward_arguments(form, store_lse=True)
+            backward = backward_arguments(form, launch, torch.ones_like(args[2]))
+            for kernel, (_, arguments, constants) in ((attention_dq, backward.dq),
+                                                      (attention_dkdv, backward.dkdv)):
+                label = kernel.fn.__name__.removeprefix("attention_")
+                found[f"{scheme}-{name}-{label}"] = (kernel, arguments, constants,
+                                                     backward.warps)
+    return found
+
+
+def _signature(args: list[Any], constants: dict[str, Any], kernel: Any = None
+               ) -> dict[str, str]:
     from ._triton_forward import attention_forward
 
-    names = attention_forward.arg_names
+    names = [n for n in (kernel or attention_forward).arg_names if n not in constants]
     types = {}
     for name, value in zip(names, args, strict=False):
         if hasattr(value, "data_ptr"):
@@ -135,15 +167,19 @@ class Build(dict):
 
 
 def build(args: list[Any], constants: dict[str, Any], *, capability: int = 90,
-          num_warps: int = 4) -> Build:
-    """Compile one variant for ``sm_<capability>`` and read its resources from the build."""
+          num_warps: int = 4, kernel: Any = None) -> Build:
+    """Compile one variant of `kernel` (the forward kernel by default) for ``sm_<capability>``.
+
+    Its resources are read from the build.
+    """
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from ._triton_forward import attention_forward
 
-    source = ASTSource(fn=attention_forward, signature=_signature(args, constants),
+    kernel = kernel or attention_forward
+    source = ASTSource(fn=kernel, signature=_signature(args, constants, kernel),
                        constexprs=dict(constants))
     compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32),
                               options={"num_warps": num_warps})
@@ -179,7 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schemes", help="comma-separated catalog names (default: all)")
     parser.add_argument("--dtypes", help="comma-separated dtype names (default: all four)")
     parser.add_argument("--not-causal", action="store_true", help="only calls without causal")
+    parser.add_argument("--backward", action="store_true",
+                        help="the backward kernels' variants instead (needs --schemes, --dtypes)")
     args = parser.parse_args(argv)
+    if args.backward:
+        for name, (kernel, arguments, constants, warps) in backward_variants(
+                tuple(args.schemes.split(",")), tuple(args.dtypes.split(","))).items():
+            report = build(arguments, constants, num_warps=warps, kernel=kernel)
+            print(json.dumps({"variant": name, "warps": warps, **report}), flush=True)
+        return 0
     chosen = variants(tuple(args.schemes.split(",")) if args.schemes else None,
                       tuple(args.dtypes.split(",")) if args.dtypes else None,
                       causal=(False,) if args.not_causal else (False, True))

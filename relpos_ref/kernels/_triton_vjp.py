@@ -18,7 +18,7 @@ values: Shaw, Music, general, Transformer-XL, DeBERTa) are not covered
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import _xp
 from ..gradients import sum_to_shape
@@ -26,6 +26,7 @@ from ..lowering import DistanceForm
 from ._triton_backward import attention_dkdv, attention_dq
 from ._triton_forward import attention_forward
 from ._triton_launch import (
+    Launch,
     _gathered_tail,
     _leading,
     _power_of_two,
@@ -34,10 +35,11 @@ from ._triton_launch import (
     triton_cdiv,
 )
 
-__all__ = ["BACKWARD_TILES", "covers", "form_gradients"]
+__all__ = ["BACKWARD_TILES", "Backward", "backward_arguments", "covers", "form_gradients"]
 
-#: ``(queries, keys, warps)`` of the backward kernels' programs, by the bytes of an operand.
-BACKWARD_TILES = {2: (64, 64, 4), 4: (64, 64, 4), 8: (32, 32, 4)}
+#: ``(queries, keys, warps)`` of the backward kernels' programs, by the bytes of an operand:
+#: chosen by their builds for sm_90 (8 warps spill a third of what 4 do), not yet timed on a GPU.
+BACKWARD_TILES = {2: (64, 64, 8), 4: (64, 64, 8), 8: (32, 32, 4)}
 
 
 def covers(form: DistanceForm) -> bool:
@@ -48,18 +50,18 @@ def covers(form: DistanceForm) -> bool:
             + sum(a is not None for a in form.dense) <= 2)
 
 
-def form_gradients(form: DistanceForm, d_output: Any, kernel: Any, *, interpret: bool,
-                   precision: str) -> tuple[Any, list[Any], list[Any]]:
-    """``(out, arrays, gradients)``: the output, and each of the form's arrays with its gradient.
+class Backward(NamedTuple):
+    """The two backward kernels' arguments and options, with the buffers they fill."""
 
-    `arrays` are ``q'``, ``k'``, ``v`` and the gathered terms' arrays (as
-    the launch built them, so that autograd reaches the call's arguments
-    from them); `gradients` are the same shapes, in float32 (float64 for a
-    float64 call).
-    """
+    dq: tuple[tuple[int, int], list[Any], dict[str, Any]]
+    dkdv: tuple[tuple[int, int], list[Any], dict[str, Any]]
+    warps: int
+    gradients: list[Any]  # dq', dk', dv, then one buffer per gathered term
+
+
+def backward_arguments(form: DistanceForm, launch: Launch, d_output: Any) -> Backward:
+    """The backward kernels' launches after the forward `launch` (made with ``store_lse``)."""
     call, xp = form.call, form.call.xp
-    out, launch = launch_forward(form, kernel, interpret=interpret, precision=precision,
-                                 store_lse=True)
     named = dict(zip(attention_forward.arg_names, launch.args, strict=False))
     batch, constants = launch.batch, launch.constants
     t_q, t_k, d, d_v = call.t_q, call.t_k, form.q.shape[-1], form.v.shape[-1]
@@ -67,9 +69,9 @@ def form_gradients(form: DistanceForm, d_output: Any, kernel: Any, *, interpret:
     n_z = math.prod(batch)
     device = _xp.device(form.v)
     wide = xp.float64 if form.v.dtype == xp.float64 else xp.float32
-    out5 = launch.out
     do5, sd = _leading(d_output, batch, (t_q, d_v), xp)
-    delta = xp.reshape(xp.sum(xp.astype(do5, wide) * xp.astype(out5, wide), axis=-1), (-1,))
+    delta = xp.reshape(xp.sum(xp.astype(do5, wide) * xp.astype(launch.out, wide), axis=-1),
+                       (-1,))
     dq = xp.zeros((n_z, t_q, d), dtype=wide, device=device)
     dk = xp.zeros((n_z, t_k, d), dtype=wide, device=device)
     dv = xp.zeros((n_z, t_k, d_v), dtype=wide, device=device)
@@ -101,18 +103,37 @@ def form_gradients(form: DistanceForm, d_output: Any, kernel: Any, *, interpret:
                                         "G1_COORDS", "G2_COORDS", "DOT", "PRECISION", "SPLIT",
                                         "Q_WIDE", "K_WIDE", "INTERPRET")}
     tiles = {"BM": bm, "BN": bn}
-    run(attention_dq, (triton_cdiv(t_q, bm), n_z),
-        [values[n] for n in attention_dq.arg_names if n not in _CONSTANT_NAMES],
-        {**shared, **tiles, "BW": _power_of_two(bm + bn - 1), "G1_ROW": rows_shared[0],
-         "G2_ROW": rows_shared[1]}, warps, form.v)
-    run(attention_dkdv, (triton_cdiv(t_k, bn), n_z),
-        [values[n] for n in attention_dkdv.arg_names if n not in _CONSTANT_NAMES],
-        {**shared, **tiles}, warps, form.v)
+    return Backward(
+        ((triton_cdiv(t_q, bm), n_z),
+         [values[n] for n in attention_dq.arg_names if n not in _CONSTANT_NAMES],
+         {**shared, **tiles, "BW": _power_of_two(bm + bn - 1), "G1_ROW": rows_shared[0],
+          "G2_ROW": rows_shared[1]}),
+        ((triton_cdiv(t_k, bn), n_z),
+         [values[n] for n in attention_dkdv.arg_names if n not in _CONSTANT_NAMES],
+         {**shared, **tiles}),
+        warps, [dq, dk, dv, *buffers])
+
+
+def form_gradients(form: DistanceForm, d_output: Any, kernel: Any, *, interpret: bool,
+                   precision: str) -> tuple[Any, list[Any], list[Any]]:
+    """``(out, arrays, gradients)``: the output, and each of the form's arrays with its gradient.
+
+    `arrays` are ``q'``, ``k'``, ``v`` and the gathered terms' arrays (as
+    the launch built them, so that autograd reaches the call's arguments
+    from them); `gradients` are the same shapes, in float32 (float64 for a
+    float64 call).
+    """
+    xp = form.call.xp
+    out, launch = launch_forward(form, kernel, interpret=interpret, precision=precision,
+                                 store_lse=True)
+    backward = backward_arguments(form, launch, d_output)
+    for kernel_of, (grid, args, constants) in ((attention_dq, backward.dq),
+                                               (attention_dkdv, backward.dkdv)):
+        run(kernel_of, grid, args, constants, backward.warps, form.v)
     arrays = [form.q, form.k, form.v, *(a for a, _ in launch.gathered)]
-    gradients = [sum_to_shape(xp.reshape(g, (*batch, *g.shape[-2:])), tuple(a.shape))
-                 for g, a in zip((dq, dk, dv), arrays[:3], strict=True)]
-    for buffer, array in zip(buffers, arrays[3:], strict=True):
-        full = xp.reshape(buffer, (*batch, *buffer.shape[-2:]))
+    gradients = []
+    for found, array in zip(backward.gradients, arrays, strict=True):
+        full = xp.reshape(found, (*launch.batch, *found.shape[-2:]))
         gradients.append(sum_to_shape(full, tuple(array.shape)))
     return out, arrays, gradients
 
