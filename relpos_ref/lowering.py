@@ -78,6 +78,7 @@ __all__ = [
     "IndexMap",
     "SideTerm",
     "ValueTerm",
+    "bias_by_difference",
     "distance_map",
     "distances",
     "form_attention",
@@ -219,6 +220,28 @@ def pair_rows(index: IndexMap, call: Call) -> Any:
     else:
         difference = index.key[None, :] - index.query[:, None]
     return gather_scalars(index.rows, difference - index.low)
+
+
+def bias_by_difference(term: BiasTerm) -> Any:
+    """A bias read through its map once: its value at each difference, ``(..., n)``.
+
+    ``out[..., c] = table[..., rows[c]]``, zero where ``rows[c] = -1``. A
+    fused kernel reads this row at each pair's difference (a Toeplitz view
+    for a distance map), so the table and its map cost one gather per pair.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.zeros((3, 2))
+    >>> form = lower("bias", x, x, x, np.asarray([10.0, 20.0, 30.0]), beyond="zero")
+    >>> bias_by_difference(form.biases[0])  # r = -2 .. 2: beyond K = 1 is zero
+    array([ 0., 10., 20., 30.,  0.])
+    """
+    xp = _xp.array_namespace(term.table, term.index.rows)
+    rows = term.index.rows
+    valid = rows >= 0
+    entries = xp.take(term.table, xp.where(valid, rows, xp.zeros_like(rows)), axis=-1)
+    return xp.where(valid, entries, xp.zeros_like(entries))
 
 
 def _valid_rows(index: IndexMap, call: Call) -> tuple[Any, Any]:

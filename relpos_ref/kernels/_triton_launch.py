@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from .. import _xp
-from ..lowering import DistanceForm
+from ..lowering import DistanceForm, bias_by_difference
 
 __all__ = [
     "TILES", "Launch", "fits", "forward_arguments", "launch_forward", "run", "tile_sizes",
@@ -85,11 +85,7 @@ def _gathered_terms(form: DistanceForm) -> list[tuple[Any, Any]]:
     wide = xp.float64 if form.v.dtype == xp.float64 else xp.float32
     found = []
     for term in form.biases:
-        rows = term.index.rows
-        valid = rows >= 0
-        entries = xp.take(term.table, xp.where(valid, rows, xp.zeros_like(rows)), axis=-1)
-        per_difference = xp.where(valid, entries, xp.zeros_like(entries))
-        found.append((per_difference[..., None, :], term.index, False))
+        found.append((bias_by_difference(term)[..., None, :], term.index, False))
     for term in form.query_terms:
         if not term.index.by_distance:
             side = xp.matmul(xp.astype(term.vectors, wide),

@@ -18,6 +18,10 @@ below. What they share (`relpos_ref.kernels._numpy_blocks`):
 - Shaw's clipped table fused into the softmax, its relative values binned on
   the way (`clipped_table_softmax`).
 
+Plain attention, absolute, RoPE, bias, T5 and ALiBi have one kernel, read
+from their distance form (`relpos_ref.kernels._numpy_forms`): the content
+operands it gives and its biases by distance as a view.
+
 The results are fresh arrays, like the specification's. A call whose logits
 could overflow, by a bound from the magnitudes of ``q``, ``k`` and the
 tables (`relpos_ref.kernels._overflow`), goes to the specification, which
@@ -38,19 +42,14 @@ from typing import Any
 import numpy as np
 
 from .._validate import check_bool
-from ..calls import Call, check_terms, computes_in_float32, resolve_call
+from ..calls import Call, computes_in_float32
 from ..schemes import (
-    absolute,
-    alibi,
-    bias,
     deberta,
     general,
     grid2d,
     music,
-    rope,
     shaw,
     swin,
-    t5,
     transformer_xl,
 )
 from ..schemes._tables import table_logits
@@ -59,9 +58,9 @@ from ._numpy_blocks import (
     AddRows,
     block_logits,
     clipped_table_softmax,
-    distance_view,
     softmax_in_place,
 )
+from ._numpy_forms import FORM_SCHEMES, form_kernel
 from ._numpy_terms import deberta_terms, grid_terms, one_sided_rows, window_bias
 from ._numpy_vjps import VJP_KERNELS
 from ._overflow import bounded
@@ -132,71 +131,12 @@ def _attend(
     return (out, weights) if return_weights else out
 
 
-def _by_distance(term_of_grid: Callable[[int, int, int], Any], call: Call) -> Any:
-    # A term of the distance alone, evaluated on the grid's t_q + t_k - 1 distances
-    # (one query whose offset makes them run from the smallest to the largest) and laid
-    # out as a Toeplitz view: equal entry for entry to the full evaluation.
-    t_q, t_k = call.t_q, call.t_k
-    if t_q == 0 or t_k == 0:
-        return term_of_grid(t_q, t_k, call.q_offset)
-    r_min = -(t_q - 1) - call.q_offset
-    row = term_of_grid(1, t_q + t_k - 1, -r_min)
-    return distance_view(row[..., 0, :], t_q, t_k)
+# -- plain attention, absolute, RoPE and the scalar biases: their distance form ----
 
 
-# -- plain attention and the schemes that only add a term -------------------
-
-
-@_register("plain")
-def attention(
-    q, k, v, /, *, scale=None, mask=None, causal=None, q_offset=None, bias=None, position=None,
-    return_weights=False,
-):
-    if not _ndarrays(q, k, v, mask, bias, position):
-        return NotImplemented
-    call = resolve_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset)
-    check_terms(q, call, bias=bias, position=position)
-    if not bounded("plain", call, q, k, position=position):
-        return NotImplemented
-    return _attend(
-        q, k, v, call, mask=mask, position=position, bias=bias, return_weights=return_weights
-    )
-
-
-@_register("absolute")
-def absolute_attention(
-    q, k, v, table, /, *, scale=None, mask=None, causal=None, q_offset=None,
-    return_weights=False,
-):
-    if not _ndarrays(q, k, v, table, mask):
-        return NotImplemented
-    call = absolute.absolute_call(
-        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset
-    )
-    if not bounded("absolute", call, q, k, table=table):
-        return NotImplemented
-    # q . k_j + q . R_j = q . (k_j + R_j): the term rides along in the one GEMM.
-    keys = k + table[..., : call.t_k, :]
-    return _attend(q, keys, v, call, mask=mask, return_weights=return_weights)
-
-
-@_register("rope")
-def rope_attention(
-    q, k, v, /, *, base=10000.0, rotary_dim=None, layout="half", scale=None, mask=None,
-    causal=None, q_offset=None, return_weights=False,
-):
-    if not _ndarrays(q, k, v, mask):
-        return NotImplemented
-    call = rope.rope_call(
-        q, k, v, base=base, rotary_dim=rotary_dim, layout=layout, scale=scale, mask=mask,
-        causal=causal, q_offset=q_offset,
-    )
-    if not bounded("rope", call, q, k):
-        return NotImplemented
-    opts = {"base": base, "rotary_dim": rotary_dim, "layout": layout}
-    q_rot = rope.rope_rotate(q, offset=call.q_offset, **opts)
-    k_rot = rope.rope_rotate(k, offset=0, **opts)
-    return _attend(q_rot, k_rot, v, call, mask=mask, return_weights=return_weights)
+for _name in FORM_SCHEMES:
+    _register(_name)(form_kernel(_name, _attend))
+del _name
 
 
 @_register("swin")
@@ -232,74 +172,6 @@ def grid2d_attention(
         return NotImplemented
     add = grid_terms(q, row_table, col_table, height=height, width=width)
     return _attend(q, k, v, call, mask=mask, add_position=add, return_weights=return_weights)
-
-
-# -- scalar biases: one row of distances, laid out as a view ----------------
-
-
-@_register("bias")
-def bias_attention(
-    q, k, v, table, /, *, scale=None, mask=None, causal=None, q_offset=None, beyond="clip",
-    return_weights=False, max_past=None,
-):
-    if not _ndarrays(q, k, v, table, mask):
-        return NotImplemented
-    call = bias.bias_call(
-        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset, beyond=beyond,
-        max_past=max_past,
-    )
-    if not bounded("bias", call, q, k):
-        return NotImplemented
-    term = _by_distance(
-        lambda t_q, t_k, off: bias.bias_logits(table, t_q, t_k, q_offset=off, beyond=beyond,
-                                               max_past=max_past),
-        call,
-    )
-    return _attend(q, k, v, call, mask=mask, bias=term, return_weights=return_weights)
-
-
-@_register("t5")
-def t5_attention(
-    q, k, v, table, /, *, scale=None, mask=None, causal=None, q_offset=None, bidirectional=True,
-    max_distance=128, return_weights=False,
-):
-    if not _ndarrays(q, k, v, table, mask):
-        return NotImplemented
-    call = t5.t5_call(
-        q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
-        bidirectional=bidirectional, max_distance=max_distance,
-    )
-    if not bounded("t5", call, q, k):
-        return NotImplemented
-    term = _by_distance(
-        lambda t_q, t_k, off: t5.t5_bias(
-            table, t_q, t_k, q_offset=off, bidirectional=bidirectional, max_distance=max_distance
-        ),
-        call,
-    )
-    return _attend(q, k, v, call, mask=mask, bias=term, return_weights=return_weights)
-
-
-@_register("alibi")
-def alibi_attention(
-    q, k, v, /, *, slopes=None, symmetric=True, scale=None, mask=None, causal=None,
-    q_offset=None, return_weights=False,
-):
-    if not _ndarrays(q, k, v, slopes, mask):
-        return NotImplemented
-    call, slopes = alibi.alibi_call(
-        q, k, v, slopes=slopes, symmetric=symmetric, scale=scale, mask=mask, causal=causal,
-        q_offset=q_offset,
-    )
-    if not bounded("alibi", call, q, k):
-        return NotImplemented
-    shift = alibi.alibi_shift(call.q_offset, symmetric)  # the specification's constant
-    term = _by_distance(
-        lambda t_q, t_k, off: alibi.alibi_bias(slopes, t_q, t_k, q_offset=off,
-                                               symmetric=symmetric, shift=shift),
-        call,
-    )
-    return _attend(q, k, v, call, mask=mask, bias=term, return_weights=return_weights)
 
 
 # -- per-distance tables: one GEMM per row block ------------------------------
