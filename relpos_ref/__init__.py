@@ -115,7 +115,8 @@ transformer_xl_attention_vjp = _dispatched(
 
 #: Submodules reachable as attributes after ``import relpos_ref``, imported on first use.
 _SUBMODULES = (
-    "backends", "blocked", "catalog", "golden", "gradients", "kernels", "presets", "testing",
+    "backends", "blocked", "catalog", "flex", "golden", "gradients", "kernels", "lowering",
+    "presets", "testing",
 )
 
 
