@@ -273,9 +273,14 @@ def test_the_arguments_say_what_flex_attention_takes():
     assert causal.block_mask is not None
     i, j = torch.tensor(1), torch.tensor(3)  # r = 3 - (1 + 2) = 0: allowed; j = 4 is not
     assert causal.mask_mod(0, 0, i, j) and not causal.mask_mod(0, 0, i, j + 1)
-    # the score_mod adds ALiBi's -m |r| to a score that arrives scaled
+    # the score_mod adds ALiBi's -m |r| (r = -2 here), and the constant m |q_offset| that
+    # alibi_attention adds, to a score that arrives scaled
     score = causal.score_mod(torch.tensor(0.0), torch.tensor(0), torch.tensor(0), i, j - 2)
-    assert torch.isclose(score, torch.tensor(-2 * rp.alibi_slopes(3)[0]))
+    slope = rp.alibi_slopes(3)[0]
+    assert torch.isclose(score, torch.tensor(-2 * slope + 2 * slope))
+    plain = flex_attention_args("alibi", q, k, v)  # no offset: no constant
+    score = plain.score_mod(torch.tensor(0.0), torch.tensor(0), torch.tensor(0), i, j)
+    assert torch.isclose(score, torch.tensor(-2 * slope))
 
 
 def test_a_value_table_passed_as_the_key_table_too_is_named_as_the_value_table():
