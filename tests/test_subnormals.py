@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 import relpos_ref as rp
 from relpos_ref import catalog, kernels
 from relpos_ref.kernels import _numpy_blocks, _numpy_vjp
-from relpos_ref.kernels._numpy_blocks import flush_subnormals, may_underflow
+from relpos_ref.kernels._numpy_blocks import flush_subnormals
 
 KERNELS = kernels.kernels("numpy")
 VJP_KERNELS = kernels.vjp_kernels("numpy")
@@ -41,8 +41,8 @@ def _subnormal(x):
 
 def _no_flush(monkeypatch):
     # the kernels as they were before issue 30: every exponent goes to the exponential
-    monkeypatch.setattr(_numpy_blocks, "flush_subnormals", lambda exponents, keys: None)
-    monkeypatch.setattr(_numpy_vjp, "flush_subnormals", lambda exponents, keys: None)
+    monkeypatch.setattr(_numpy_blocks, "flush_subnormals", lambda exponents, keys, least=None: None)
+    monkeypatch.setattr(_numpy_vjp, "flush_subnormals", lambda exponents, keys, least=None: None)
 
 
 def _alibi_call(dtype=np.float32, t=256):
@@ -66,17 +66,23 @@ def _shaw_call(dtype=np.float32, t=64):
 @pytest.mark.parametrize("causal", [False, True])
 def test_a_masked_softmax_reads_its_scores_before_the_mask_and_flushes_only_if_it_must(
         monkeypatch, causal):
-    # masked keys are -inf, below any cut: the check reads the block before the mask
+    # masked keys are -inf, below any cut: the bound comes from the block before the mask
     args, kwargs = _alibi_call()
-    calls_made = []
+    bounds = []
     original = _numpy_blocks.flush_subnormals
-    monkeypatch.setattr(_numpy_blocks, "flush_subnormals",
-                        lambda x, keys: calls_made.append(keys) or original(x, keys))
+
+    def spy(exponents, keys, *, least=None):
+        bounds.append((least, math.log(np.finfo(exponents.dtype).tiny) + math.log(keys) + 1))
+        return original(exponents, keys, least=least)
+
+    monkeypatch.setattr(_numpy_blocks, "flush_subnormals", spy)
     mask = {"causal": True} if causal else {"mask": np.tri(256, dtype=bool)}
     KERNELS["plain"](*args[:3], **mask)
-    assert calls_made == []  # logits within 20 of each other: nothing to flush, no pass
+    # logits within 20 of each other: every block's bound clears the cut, no pass at all
+    assert bounds and all(least is not None and least >= cut for least, cut in bounds)
+    bounds.clear()
     _, steep = KERNELS["alibi"](*args, **kwargs, **mask, return_weights=True)
-    assert calls_made and _subnormal(steep) == 0
+    assert any(least < cut for least, cut in bounds) and _subnormal(steep) == 0
     with kernels.disabled():
         want = rp.alibi_attention(*args, **kwargs, **mask, return_weights=True)[1]
     assert _subnormal(want) > 0.005 * want.size
@@ -84,17 +90,23 @@ def test_a_masked_softmax_reads_its_scores_before_the_mask_and_flushes_only_if_i
     np.testing.assert_allclose(steep, want, **TOL["float32"])
 
 
-@given(spread=st.floats(0, 200), n=st.integers(1, 4096),
-       dtype=st.sampled_from([np.float32, np.float64]))
-def test_may_underflow_is_whether_a_row_could_reach_the_cut(spread, n, dtype):
-    scores = np.array([[0.0, -spread], [3.0, 3.0]], dtype=dtype)
-    cut = math.log(np.finfo(dtype).tiny) + math.log(n) + 1
-    assert may_underflow(scores, n) == (float(scores.max() - scores.min()) >= -cut)
-    exponents = scores - scores.max(axis=-1, keepdims=True)
-    before = exponents.copy()
-    flush_subnormals(exponents, n)
-    if not may_underflow(scores, n):  # then flushing changes nothing
-        np.testing.assert_array_equal(exponents, before)
+@given(spread=st.floats(0, 900), n=st.integers(1, 4096),
+       dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 99))
+def test_a_bound_read_before_the_mask_flushes_what_a_read_after_it_would(spread, n, dtype,
+                                                                        seed):
+    rng = np.random.default_rng(seed)
+    scores = (rng.random((4, 6)) * -spread).astype(dtype)
+    allowed = rng.random((4, 6)) < 0.6
+    allowed[1] = False  # a row with no allowed key
+    low = float(np.min(scores))  # before the mask
+    x = np.where(allowed, scores, -np.inf)
+    row_max = np.max(x, axis=-1, keepdims=True)
+    row_max[row_max == -np.inf] = 0
+    x -= row_max
+    read_after, bounded = x.copy(), x.copy()
+    flush_subnormals(read_after, n)
+    flush_subnormals(bounded, n, least=low - float(np.max(row_max)))
+    np.testing.assert_array_equal(bounded, read_after)
 
 
 #: float64's subnormals lie 708 to 744 below a row's largest logit (float32's 87 to 103)
@@ -128,7 +140,7 @@ def test_forward_weights_hold_subnormals_only_without_the_flush(monkeypatch, sch
 def test_the_backward_passes_exponentials_hold_subnormals_only_without_the_flush(monkeypatch,
                                                                                  masked):
     # backward() multiplies the exponentials _exp_rows leaves in its buffer: e^T dO, e * g;
-    # masked: causal, so that the check reads the scores before their -inf (may_underflow)
+    # masked: causal, so that the check reads the scores before their -inf
     args, kwargs = _alibi_call()
     kwargs["causal"] = masked
     d_output = np.random.default_rng(2).standard_normal(args[0].shape).astype(np.float32)

@@ -69,7 +69,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..calls import Call
-from ._numpy_blocks import causal_width, flush_subnormals, may_underflow
+from ._numpy_blocks import causal_width, flush_subnormals
 
 __all__ = [
     "EXP_LIMIT",
@@ -384,18 +384,19 @@ def _mask_rows(scores: np.ndarray, a: int, b: int, *, mask: Any, causal: bool,
 
 
 def _exp_rows(scores: np.ndarray, ones: np.ndarray, limit: float,
-              flush: bool = True) -> np.ndarray:
+              low: float | None = None) -> np.ndarray:
     # In place: exp(x - shift) with shift the row maximum, or 0 when every row's
     # maximum lies in [-limit, limit] (limit 0: always the maximum); returns the row
-    # sums, 1 for a row with no allowed key (its entries are 0). `flush`: whether an
-    # exponent could be too small for a normal e (`flush_subnormals`).
+    # sums, 1 for a row with no allowed key (its entries are 0). No e is subnormal
+    # (`flush_subnormals`; `low`: the smallest allowed score, read before the mask).
     row_max = np.max(scores, axis=-1)
     live = row_max[row_max > -np.inf]
+    shift = 0.0
     if live.size and not (float(live.max()) <= limit and float(live.min()) >= -limit):
         row_max[row_max == -np.inf] = 0
         scores -= row_max[:, None]
-    if flush:  # no subnormal e in the products
-        flush_subnormals(scores, scores.shape[-1])
+        shift = float(row_max.max())
+    flush_subnormals(scores, scores.shape[-1], least=None if low is None else low - shift)
     np.exp(scores, out=scores)
     total = scores @ ones[: scores.shape[-1]]
     total[total == 0] = 1
@@ -500,12 +501,12 @@ def backward(
             term.position(block, scores)
             term.bias(block, scores)
             masked = mask_g is not None or call.causal
-            flush = not masked or may_underflow(scores, width)  # read before the -inf
+            low = float(np.min(scores)) if masked else None  # read before the mask's -inf
             _mask_rows(scores, a, b, mask=mask_g, causal=call.causal, q_offset=call.q_offset)
             # the unnormalized weights e; a row that may see one key alone (a mask, causal,
             # one key) has e = 1 after its maximum, so that its gradients are exactly 0
             exact = masked or width == 1
-            inverse = 1 / _exp_rows(scores, ones, 0.0 if exact else limit, flush)
+            inverse = 1 / _exp_rows(scores, ones, 0.0 if exact else limit, low)
             block = block._replace(d_output=o_g[a:b] * inverse[:, None])
             # dv += w^T dO = e^T (dO / T)
             part = dv_part[:width]
