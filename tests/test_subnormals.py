@@ -10,8 +10,10 @@ softmax in place, Shaw's fused softmax, the backward passes' engine, whose
 exponentials a spy reads where the products take them); hypothesis draws
 calls of every scheme with logits steep enough to have such weights, and the
 kernels, forward and backward, must still return the specification's results
-(`relpos_ref.kernels.disabled`) within the kernel tests' tolerances, the
-weights to the last place but for those below ``e n tiny``, which are zero.
+(`relpos_ref.kernels.disabled`) within the kernel tests' tolerances, with zero
+where the specification's weight is subnormal. Against the same kernel without
+the step, the weights are equal to the last place but for those below
+``e n tiny``, which are zero.
 """
 
 from __future__ import annotations
