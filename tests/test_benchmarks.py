@@ -50,6 +50,9 @@ def test_benchmark_suite_runs_and_writes_its_json(bench, tmp_path, capsys):
     assert all(row["kernel"] for row in blocked.values())  # NumPy's blocked kernels
     assert blocked["plain", False]["throughput_to_unblocked"] > 0
     assert report["unblocked"]["t"] == 128 and report["unblocked"]["seconds"] > 0
+    peer = report["peer"]  # torch is installed with the test extra
+    assert peer["seconds"] > 0 and peer["our_seconds"] > 0 and peer["ratio_to_our_shaw"] > 0
+    assert peer["max_abs_difference"] < 1e-5  # it computes what our Shaw call computes
 
 
 def test_benchmark_suite_on_torch_compares_with_sdpa(bench, tmp_path, capsys, monkeypatch):
@@ -80,7 +83,7 @@ def test_benchmark_suite_on_torch_compares_with_sdpa(bench, tmp_path, capsys, mo
     assert blocked_calls == [s for s in ("plain", "plain", "bias", "alibi", "shaw")
                              for _ in range(2)]
     cases = {row["case"]: row for row in report["sdpa"]}
-    assert set(cases) == {"plain", "bias (additive attn_mask)"}
+    assert set(cases) == {"plain", "bias, (1, h, t, t) attn_mask"}
     assert all(row["seconds"] > 0 and row["ratio_to_sdpa"] > 0 for row in cases.values())
     assert not any(target["applies"] for target in report["targets"])
     flex = report["flex"]
@@ -97,6 +100,41 @@ def test_benchmark_suite_on_torch_compares_with_sdpa(bench, tmp_path, capsys, mo
         assert row["max_abs_difference"] < 1e-5 and row["max_abs_difference_sdpa"] < 1e-5
     assert {t["target"] for t in report["targets"]} >= {
         f"flex export {s} <= 1.1x hand-written score_mod" for s in export}
+
+
+def test_sdpa_gets_the_bias_as_a_mask_of_four_axes(bench, monkeypatch):
+    # with three, (h, t, t), torch's SDPA took a slow path on the CPU (3 to 4x plain)
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    masks = []
+
+    def spy(*args, attn_mask=None, **kwargs):
+        masks.append(None if attn_mask is None else tuple(attn_mask.shape))
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    q, k, v = _torch_inputs(3, 16, 4)
+    rows = bench.sdpa_comparison(backends.get("torch"), q, k, v, _torch_table(3, 5), 2)
+    assert [row["case"] for row in rows] == ["plain", "bias, (1, h, t, t) attn_mask"]
+    assert set(masks) == {None, (1, 3, 16, 16)}
+
+
+def test_the_peer_is_interleaved_with_our_shaw_call_and_computes_the_same(bench, monkeypatch):
+    pytest.importorskip("torch", reason="torch is not installed")
+    order = []
+    peer, shaw = bench.bert_relative_key, rp.shaw_attention
+
+    def spy(name, function):
+        return lambda *args, **kwargs: order.append(name) or function(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "bert_relative_key", spy("peer", peer))
+    monkeypatch.setattr(rp, "shaw_attention", spy("ours", shaw))
+    row = bench.peer_comparison(backends.get("numpy"), "cpu", 2, 16, 4, "float32", 3, 4)
+    assert row["max_abs_difference"] < 1e-6 and row["ratio_to_our_shaw"] > 0
+    timed = order[2:]  # after the comparison of the outputs: warm-ups, then 4 pairs
+    assert len(timed) == 10 and all(set(timed[i:i + 2]) == {"peer", "ours"}
+                                    for i in range(0, 10, 2))
+    assert timed[2:4] == ["peer", "ours"] and timed[4:6] == ["ours", "peer"]
 
 
 def test_flex_score_mod_reads_the_bias_table_as_bias_attention_does(bench):

@@ -9,7 +9,8 @@ normalized while it stays in cache.
 
 - `softmax_in_place`: the specification's operations on every entry, in its
   order (add, scale, add, mask, subtract the row maximum, exponentiate,
-  divide by the row sum), so the result is equal bit for bit. Under
+  divide by the row sum), so the result is equal bit for bit, but for the
+  weights below ``e n tiny``, which are zero (below). Under
   ``causal`` the terms of keys no row of a block may see are not computed
   (the entries are masked anyway).
 - `clipped_table_softmax`: the softmax of ``s (content + P)`` for a two-sided
@@ -18,6 +19,27 @@ normalized while it stays in cache.
 - `block_logits`: a per-distance table's term for one block of queries at a
   time, from the table rows that block reaches (one GEMM per block).
 - `distance_view`: a term of the distance alone as a Toeplitz view of one row.
+- `flush_subnormals`: keeps subnormal weights out of every product (below).
+
+**Subnormal weights.** A softmax over strongly decaying logits (ALiBi's
+steepest heads: ``-|r| / 2`` over a thousand keys) has weights below the
+smallest normal number (``tiny``, ``2^-126 = 1.18e-38`` in float32): 2.6 % of
+ALiBi's at t = 1024, 8 heads, 5 to 8 % in its steepest heads. Each such
+operand of a product costs a microcode assist on Intel CPUs: ``weights @ v``
+ran three times slower, ALiBi 1.6 to 2.0 times plain attention (issue 30;
+this machine's AMD EPYC showed none of it). Every kernel therefore sets to
+``-inf`` the exponents ``x`` (row maximum subtracted) below
+``log(n tiny) + 1``, ``n`` the keys of the row, before the exponential: the
+exponential is then ``0`` or at least ``e n tiny``, and the weight, that
+divided by a row sum of at most ``n``, ``0`` or at least ``tiny``. A weight so
+set to zero was below ``e n tiny``; the output of a row changes by at most
+``2 e n^2 tiny max|v|`` (the weights left out, and their share of the row
+sum), below one unit in the last place of ``max|v|`` for ``n < 2^49``
+(float32; float64: ``tiny = 2^-1022``). The other weights are the
+specification's: their row sum lost terms below ``e n tiny`` each, at most a
+rounding in its last place. The check costs one read of a block (a masked
+block is read before its mask, whose ``-inf`` would count as small), and a
+second pass only where some entry lies below the cut.
 
 Nothing here validates its arguments: the kernels of `relpos_ref.kernels.numpy`
 call these after the specification's own validation.
@@ -25,6 +47,7 @@ call these after the specification's own validation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +58,7 @@ __all__ = [
     "causal_width",
     "clipped_table_softmax",
     "distance_view",
+    "flush_subnormals",
     "mask_block",
     "rows_per_block",
     "softmax_in_place",
@@ -87,11 +111,42 @@ def mask_block(
             np.copyto(block[..., first:width], -np.inf, where=keys > limit)
 
 
-def _normalize_rows(block: np.ndarray) -> None:
-    # In place: exp(x - row max) / row sum; a row with no allowed key becomes 0.
+def flush_subnormals(exponents: np.ndarray, keys: int, *, least: float | None = None) -> None:
+    """In place: ``-inf`` for the exponents whose weight could be subnormal.
+
+    Parameters
+    ----------
+    exponents : float array ``(..., keys)``
+        Those of a softmax, each ``<= 0`` (the row maximum subtracted) or at
+        most ``EXP_LIMIT`` (`relpos_ref.kernels._numpy_vjp`, which multiplies
+        the exponentials themselves). Entries below ``log(keys * tiny) + 1``
+        become ``-inf``, so that ``exp`` of every entry is ``0`` or at least
+        ``e * keys * tiny``, and that divided by a row sum of at most ``keys``
+        (each term at most 1) still normal.
+    keys : int
+        The entries of a row.
+    least : float, optional
+        A lower bound on the exponents of the allowed entries, read before the
+        masked ones became ``-inf`` (the smallest score, less the largest row
+        maximum): at or above the cut, nothing is read. Without it, one read
+        of `exponents` decides, in which a masked entry counts as small. A
+        second pass sets the entries, when some may be small.
+    """
+    if exponents.size == 0:
+        return
+    cut = math.log(np.finfo(exponents.dtype).tiny) + math.log(max(keys, 1)) + 1
+    if (least if least is not None else np.min(exponents)) < cut:
+        np.copyto(exponents, -np.inf, where=exponents < cut)
+
+
+def _normalize_rows(block: np.ndarray, low: float | None = None) -> None:
+    # In place: exp(x - row max) / row sum; a row with no allowed key becomes 0. `low`:
+    # the smallest allowed score, read before the mask (`flush_subnormals`).
     row_max = np.max(block, axis=-1, keepdims=True)
     row_max[row_max == -np.inf] = 0
     block -= row_max
+    least = None if low is None else low - float(np.max(row_max))
+    flush_subnormals(block, block.shape[-1], least=least)
     np.exp(block, out=block)
     total = np.sum(block, axis=-1, keepdims=True)
     total[total == 0] = 1
@@ -141,8 +196,11 @@ def softmax_in_place(
             add_bias(live, a)
         elif bias is not None:
             live += _rows(bias, shape, a, b, width)
+        low = None  # masked keys become -inf, which would count as small: read them first
+        if mask is not None or causal:
+            low = float(np.min(live)) if live.size else math.inf
         mask_block(block, a, b, mask=mask, causal=causal, q_offset=q_offset)
-        _normalize_rows(block)
+        _normalize_rows(block, low)
     return content
 
 
@@ -240,9 +298,13 @@ def clipped_table_softmax(
             tile_band[:, : b - a] = shifted
             rows[..., lo:hi] += part[..., lo - start : hi - start]
         rows *= scale
+        const = const * scale
+        low = None  # the smallest allowed exponent before the row maximum, read before the mask
+        if mask is not None or causal:
+            low = float(np.min(rows)) + min(0.0, float(np.min(const)))
         # the same memory as `rows`, in the batch's shape
         mask_block(content[..., a:b, :], a, b, mask=mask, causal=causal, q_offset=q_offset)
-        _exp_shifted(rows, const * scale, small, rest)
+        _exp_shifted(rows, const, small, rest, low)
         if not bins:
             total = np.sum(rows, axis=-1, keepdims=True)
             total[total == 0] = 1
@@ -281,9 +343,11 @@ def _band(tile: np.ndarray, n: int) -> np.ndarray:
     )
 
 
-def _exp_shifted(rows: np.ndarray, const: np.ndarray, small: slice, rest: slice) -> None:
+def _exp_shifted(rows: np.ndarray, const: np.ndarray, small: slice, rest: slice,
+                 low: float | None = None) -> None:
     # In place: exp of rows[..., small] + const and rows[..., rest], less their joint
     # row maximum (0 for a row with no allowed key). The two slices split the keys.
+    # `low`: a bound below every allowed exponent before the row maximum, or None.
     has_small, has_rest = small.stop > small.start, rest.stop > rest.start
     if has_rest:
         row_max = np.max(rows[..., rest], axis=-1, keepdims=True)
@@ -297,6 +361,8 @@ def _exp_shifted(rows: np.ndarray, const: np.ndarray, small: slice, rest: slice)
     rows -= row_max
     if has_small:
         rows[..., small] += const
+    least = None if low is None else low - float(np.max(row_max))
+    flush_subnormals(rows, rows.shape[-1], least=least)
     np.exp(rows, out=rows)
 
 

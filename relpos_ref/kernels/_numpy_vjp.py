@@ -27,7 +27,9 @@ the exponential when every row's maximum lies within `EXP_LIMIT` of 0 and
 every row sees every key of the block (the maximum is still found, and
 subtracted otherwise: a row that sees one key then has ``e = 1`` and exact
 zeros for gradients, as the specification has), and the scale multiplies
-``q`` (``t_q x d``) rather than the scores. Five GEMMs per block and six
+``q`` (``t_q x d``) rather than the scores. No exponential is subnormal
+(`relpos_ref.kernels._numpy_blocks.flush_subnormals`, issue 30: each such
+operand of a product is slow on Intel CPUs). Five GEMMs per block and six
 elementwise passes; under ``causal`` only the keys some row of the block may
 see. Extra memory is two blocks and the ``O((t_q + t_k) d)`` results,
 whatever ``t_q t_k``.
@@ -67,7 +69,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..calls import Call
-from ._numpy_blocks import causal_width
+from ._numpy_blocks import causal_width, flush_subnormals
 
 __all__ = [
     "EXP_LIMIT",
@@ -381,15 +383,20 @@ def _mask_rows(scores: np.ndarray, a: int, b: int, *, mask: Any, causal: bool,
             np.copyto(scores[:, first:width], -np.inf, where=keys > limit)
 
 
-def _exp_rows(scores: np.ndarray, ones: np.ndarray, limit: float) -> np.ndarray:
+def _exp_rows(scores: np.ndarray, ones: np.ndarray, limit: float,
+              low: float | None = None) -> np.ndarray:
     # In place: exp(x - shift) with shift the row maximum, or 0 when every row's
     # maximum lies in [-limit, limit] (limit 0: always the maximum); returns the row
-    # sums, 1 for a row with no allowed key (its entries are 0).
+    # sums, 1 for a row with no allowed key (its entries are 0). No e is subnormal
+    # (`flush_subnormals`; `low`: the smallest allowed score, read before the mask).
     row_max = np.max(scores, axis=-1)
     live = row_max[row_max > -np.inf]
+    shift = 0.0
     if live.size and not (float(live.max()) <= limit and float(live.min()) >= -limit):
         row_max[row_max == -np.inf] = 0
         scores -= row_max[:, None]
+        shift = float(row_max.max())
+    flush_subnormals(scores, scores.shape[-1], least=None if low is None else low - shift)
     np.exp(scores, out=scores)
     total = scores @ ones[: scores.shape[-1]]
     total[total == 0] = 1
@@ -493,11 +500,13 @@ def backward(
             np.matmul(block.q_scaled, k_t[:, :width], out=scores)
             term.position(block, scores)
             term.bias(block, scores)
+            masked = mask_g is not None or call.causal
+            low = float(np.min(scores)) if masked else None  # read before the mask's -inf
             _mask_rows(scores, a, b, mask=mask_g, causal=call.causal, q_offset=call.q_offset)
             # the unnormalized weights e; a row that may see one key alone (a mask, causal,
             # one key) has e = 1 after its maximum, so that its gradients are exactly 0
-            exact = mask_g is not None or call.causal or width == 1
-            inverse = 1 / _exp_rows(scores, ones, 0.0 if exact else limit)
+            exact = masked or width == 1
+            inverse = 1 / _exp_rows(scores, ones, 0.0 if exact else limit, low)
             block = block._replace(d_output=o_g[a:b] * inverse[:, None])
             # dv += w^T dO = e^T (dO / T)
             part = dv_part[:width]
