@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ._triton_forward import product
-from ._triton_tiles import allowed_pairs, difference
+from ._triton_tiles import allowed_pairs, batch_of, difference, load_rows
 
 
 @triton.jit
@@ -76,9 +76,7 @@ def attention_dq(
 ):
     pid_m = tl.program_id(0)
     pid_z = tl.program_id(1)
-    a = pid_z // (n_b * n_h)
-    b = (pid_z // n_h) % n_b
-    h = pid_z % n_h
+    a, b, h = batch_of(pid_z, n_b, n_h)
     i0 = pid_m * BM
     ii = tl.arange(0, BM)
     jj = tl.arange(0, BN)
@@ -93,10 +91,8 @@ def attention_dq(
     OPERAND: tl.constexpr = tl.float32 if WIDE else DOT
     ACC: tl.constexpr = tl.float64 if DOT == tl.float64 else tl.float32  # noqa: SIM300
 
-    q = tl.load(Q + a * sqa + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :],
-                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-    do = tl.load(DO + a * sda + b * sdb + h * sdh + offs_m[:, None] * sdm + offs_dv[None, :],
-                 mask=m_ok[:, None] & dv_ok[None, :], other=0.0)
+    q = load_rows(Q, a, b, h, sqa, sqb, sqh, sqm, offs_m, offs_d,m_ok, d_ok)
+    do = load_rows(DO, a, b, h, sda, sdb, sdh, sdm, offs_m, offs_dv,m_ok, dv_ok)
     lse = tl.load(LSE + pid_z * t_q + offs_m, mask=m_ok, other=float("-inf")).to(ACC)
     delta = tl.load(DELTA + pid_z * t_q + offs_m, mask=m_ok, other=0.0).to(ACC)
     g1 = G1 + a * s1a + b * s1b + h * s1h + offs_m[:, None] * s1m
@@ -117,10 +113,8 @@ def attention_dq(
         offs_n = j0 + jj
         n_ok = offs_n < t_k
         inside = m_ok[:, None] & n_ok[None, :]
-        k = tl.load(K + a * ska + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :],
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        vals = tl.load(V + a * sva + b * svb + h * svh + offs_n[:, None] * svn
-                       + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+        k = load_rows(K, a, b, h, ska, skb, skh, skn, offs_n, offs_d,n_ok, d_ok)
+        vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv,n_ok, dv_ok)
         s = _logits(q, k, scale, g1, g2, qc1, qc2, KC1, KC2, low1, low2, s1c, s2c, offs_m,
                     offs_n, n_ok, inside, t_q, NG, G1_COORDS, G2_COORDS, Q_WIDE, K_WIDE, DOT,
                     OPERAND, PRECISION)
@@ -169,9 +163,7 @@ def attention_dkdv(
 ):
     pid_n = tl.program_id(0)
     pid_z = tl.program_id(1)
-    a = pid_z // (n_b * n_h)
-    b = (pid_z // n_h) % n_b
-    h = pid_z % n_h
+    a, b, h = batch_of(pid_z, n_b, n_h)
     j0 = pid_n * BN
     ii = tl.arange(0, BM)
     offs_n = j0 + tl.arange(0, BN)
@@ -184,10 +176,8 @@ def attention_dkdv(
     OPERAND: tl.constexpr = tl.float32 if WIDE else DOT
     ACC: tl.constexpr = tl.float64 if DOT == tl.float64 else tl.float32  # noqa: SIM300
 
-    k = tl.load(K + a * ska + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :],
-                mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-    vals = tl.load(V + a * sva + b * svb + h * svh + offs_n[:, None] * svn + offs_dv[None, :],
-                   mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+    k = load_rows(K, a, b, h, ska, skb, skh, skn, offs_n, offs_d,n_ok, d_ok)
+    vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv,n_ok, dv_ok)
     dk = tl.zeros([BN, BD], ACC)
     dv = tl.zeros([BN, BDV], ACC)
 
@@ -198,10 +188,8 @@ def attention_dkdv(
         offs_m = i0 + ii
         m_ok = offs_m < t_q
         inside = m_ok[:, None] & n_ok[None, :]
-        q = tl.load(Q + a * sqa + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :],
-                    mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-        do = tl.load(DO + a * sda + b * sdb + h * sdh + offs_m[:, None] * sdm
-                     + offs_dv[None, :], mask=m_ok[:, None] & dv_ok[None, :], other=0.0)
+        q = load_rows(Q, a, b, h, sqa, sqb, sqh, sqm, offs_m, offs_d,m_ok, d_ok)
+        do = load_rows(DO, a, b, h, sda, sdb, sdh, sdm, offs_m, offs_dv,m_ok, dv_ok)
         lse = tl.load(LSE + pid_z * t_q + offs_m, mask=m_ok, other=float("-inf")).to(ACC)
         delta = tl.load(DELTA + pid_z * t_q + offs_m, mask=m_ok, other=0.0).to(ACC)
         g1 = G1 + a * s1a + b * s1b + h * s1h + offs_m[:, None] * s1m

@@ -55,7 +55,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._triton_tiles import allowed_pairs, difference
+from ._triton_tiles import allowed_pairs, batch_of, difference, load_rows
 
 
 @triton.jit
@@ -107,9 +107,7 @@ def attention_forward(
 ):
     pid_m = tl.program_id(0)
     pid_z = tl.program_id(1)
-    a = pid_z // (n_b * n_h)
-    b = (pid_z // n_h) % n_b
-    h = pid_z % n_h
+    a, b, h = batch_of(pid_z, n_b, n_h)
     i0 = pid_m * BM
     ii = tl.arange(0, BM)
     offs_m = i0 + ii
@@ -122,11 +120,9 @@ def attention_forward(
     OPERAND: tl.constexpr = tl.float32 if WIDE else DOT
     ACC: tl.constexpr = tl.float64 if DOT == tl.float64 else tl.float32  # noqa: SIM300
 
-    q = tl.load(Q + a * sqa + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :],
-                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    q = load_rows(Q, a, b, h, sqa, sqb, sqh, sqm, offs_m, offs_d,m_ok, d_ok)
     if HAS_QW:
-        qw = tl.load(QW + a * swa + b * swb + h * swh + offs_m[:, None] * swm + offs_d[None, :],
-                     mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        qw = load_rows(QW, a, b, h, swa, swb, swh, swm, offs_m, offs_d,m_ok, d_ok)
     g1 = G1 + a * s1a + b * s1b + h * s1h + offs_m[:, None] * s1m
     qc1 = tl.load(QC1 + offs_m, mask=m_ok, other=0) if G1_COORDS else offs_m
     g2 = G2 + a * s2a + b * s2b + h * s2h + offs_m[:, None] * s2m
@@ -173,8 +169,7 @@ def attention_forward(
     for j0 in range(0, hi, BN):
         offs_n = j0 + jj
         n_ok = offs_n < t_k
-        k = tl.load(K + a * ska + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :],
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        k = load_rows(K, a, b, h, ska, skb, skh, skn, offs_n, offs_d,n_ok, d_ok)
         s = product(q, tl.trans(k), Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
         if HAS_QW or HAS_KW or HAS_VW:
             # the window's differences c0 .. c0 + BM + BN - 2: wholly at one end of the
@@ -195,8 +190,7 @@ def attention_forward(
                 diagonal = jj[None, :] - ii[:, None] + (BM - 1)  # window column of each pair
                 s += tl.gather(sw, diagonal, axis=1)
         if HAS_KW:
-            kw = tl.load(KW + a * sxa + b * sxb + h * sxh + offs_n[:, None] * sxn
-                         + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            kw = load_rows(KW, a, b, h, sxa, sxb, sxh, sxn, offs_n, offs_d,n_ok, d_ok)
             if edge:
                 row = tl.where(past, tk0, tk1)
                 s += tl.sum(kw.to(ACC) * row[None, :], axis=1)[None, :]
@@ -226,8 +220,7 @@ def attention_forward(
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None]
-        vals = tl.load(V + a * sva + b * svb + h * svh + offs_n[:, None] * svn
-                       + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+        vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv,n_ok, dv_ok)
         acc += product(p, vals, SPLIT, False, DOT, OPERAND, PRECISION)
         if HAS_VW:
             if edge:

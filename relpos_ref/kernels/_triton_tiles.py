@@ -13,6 +13,19 @@ import triton.language as tl
 
 
 @triton.jit
+def batch_of(pid_z, n_b, n_h):
+    """The batch entry ``(a, b, h)`` of a program's flat index over ``(n_a, n_b, n_h)``."""
+    return pid_z // (n_b * n_h), (pid_z // n_h) % n_b, pid_z % n_h
+
+
+@triton.jit
+def load_rows(X, a, b, h, sa, sb, sh, sr, rows, cols, rows_ok, cols_ok):
+    """Rows `rows` of batch entry ``(a, b, h)`` of an operand, features `cols` (0 outside)."""
+    return tl.load(X + a * sa + b * sb + h * sh + rows[:, None] * sr + cols[None, :],
+                   mask=rows_ok[:, None] & cols_ok[None, :], other=0.0)
+
+
+@triton.jit
 def difference(offs_m, offs_n, n_ok, t_q, qc, KC, low, COORDS: tl.constexpr):
     """Each pair's index into a gathered term: its distance, or its difference of coordinates.
 
