@@ -91,8 +91,8 @@ def attention_dq(
     OPERAND: tl.constexpr = tl.float32 if WIDE else DOT
     ACC: tl.constexpr = tl.float64 if DOT == tl.float64 else tl.float32  # noqa: SIM300
 
-    q = load_rows(Q, a, b, h, sqa, sqb, sqh, sqm, offs_m, offs_d,m_ok, d_ok)
-    do = load_rows(DO, a, b, h, sda, sdb, sdh, sdm, offs_m, offs_dv,m_ok, dv_ok)
+    q = load_rows(Q, a, b, h, sqa, sqb, sqh, sqm, offs_m, offs_d, m_ok, d_ok)
+    do = load_rows(DO, a, b, h, sda, sdb, sdh, sdm, offs_m, offs_dv, m_ok, dv_ok)
     lse = tl.load(LSE + pid_z * t_q + offs_m, mask=m_ok, other=float("-inf")).to(ACC)
     delta = tl.load(DELTA + pid_z * t_q + offs_m, mask=m_ok, other=0.0).to(ACC)
     g1 = G1 + a * s1a + b * s1b + h * s1h + offs_m[:, None] * s1m
@@ -113,8 +113,8 @@ def attention_dq(
         offs_n = j0 + jj
         n_ok = offs_n < t_k
         inside = m_ok[:, None] & n_ok[None, :]
-        k = load_rows(K, a, b, h, ska, skb, skh, skn, offs_n, offs_d,n_ok, d_ok)
-        vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv,n_ok, dv_ok)
+        k = load_rows(K, a, b, h, ska, skb, skh, skn, offs_n, offs_d, n_ok, d_ok)
+        vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv, n_ok, dv_ok)
         s = _logits(q, k, scale, g1, g2, qc1, qc2, KC1, KC2, low1, low2, s1c, s2c, offs_m,
                     offs_n, n_ok, inside, t_q, NG, G1_COORDS, G2_COORDS, Q_WIDE, K_WIDE, DOT,
                     OPERAND, PRECISION)
@@ -176,8 +176,8 @@ def attention_dkdv(
     OPERAND: tl.constexpr = tl.float32 if WIDE else DOT
     ACC: tl.constexpr = tl.float64 if DOT == tl.float64 else tl.float32  # noqa: SIM300
 
-    k = load_rows(K, a, b, h, ska, skb, skh, skn, offs_n, offs_d,n_ok, d_ok)
-    vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv,n_ok, dv_ok)
+    k = load_rows(K, a, b, h, ska, skb, skh, skn, offs_n, offs_d, n_ok, d_ok)
+    vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv, n_ok, dv_ok)
     dk = tl.zeros([BN, BD], ACC)
     dv = tl.zeros([BN, BDV], ACC)
 
@@ -188,8 +188,8 @@ def attention_dkdv(
         offs_m = i0 + ii
         m_ok = offs_m < t_q
         inside = m_ok[:, None] & n_ok[None, :]
-        q = load_rows(Q, a, b, h, sqa, sqb, sqh, sqm, offs_m, offs_d,m_ok, d_ok)
-        do = load_rows(DO, a, b, h, sda, sdb, sdh, sdm, offs_m, offs_dv,m_ok, dv_ok)
+        q = load_rows(Q, a, b, h, sqa, sqb, sqh, sqm, offs_m, offs_d, m_ok, d_ok)
+        do = load_rows(DO, a, b, h, sda, sdb, sdh, sdm, offs_m, offs_dv, m_ok, dv_ok)
         lse = tl.load(LSE + pid_z * t_q + offs_m, mask=m_ok, other=float("-inf")).to(ACC)
         delta = tl.load(DELTA + pid_z * t_q + offs_m, mask=m_ok, other=0.0).to(ACC)
         g1 = G1 + a * s1a + b * s1b + h * s1h + offs_m[:, None] * s1m

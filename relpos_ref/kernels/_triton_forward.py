@@ -120,9 +120,9 @@ def attention_forward(
     OPERAND: tl.constexpr = tl.float32 if WIDE else DOT
     ACC: tl.constexpr = tl.float64 if DOT == tl.float64 else tl.float32  # noqa: SIM300
 
-    q = load_rows(Q, a, b, h, sqa, sqb, sqh, sqm, offs_m, offs_d,m_ok, d_ok)
+    q = load_rows(Q, a, b, h, sqa, sqb, sqh, sqm, offs_m, offs_d, m_ok, d_ok)
     if HAS_QW:
-        qw = load_rows(QW, a, b, h, swa, swb, swh, swm, offs_m, offs_d,m_ok, d_ok)
+        qw = load_rows(QW, a, b, h, swa, swb, swh, swm, offs_m, offs_d, m_ok, d_ok)
     g1 = G1 + a * s1a + b * s1b + h * s1h + offs_m[:, None] * s1m
     qc1 = tl.load(QC1 + offs_m, mask=m_ok, other=0) if G1_COORDS else offs_m
     g2 = G2 + a * s2a + b * s2b + h * s2h + offs_m[:, None] * s2m
@@ -169,7 +169,7 @@ def attention_forward(
     for j0 in range(0, hi, BN):
         offs_n = j0 + jj
         n_ok = offs_n < t_k
-        k = load_rows(K, a, b, h, ska, skb, skh, skn, offs_n, offs_d,n_ok, d_ok)
+        k = load_rows(K, a, b, h, ska, skb, skh, skn, offs_n, offs_d, n_ok, d_ok)
         s = product(q, tl.trans(k), Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
         if HAS_QW or HAS_KW or HAS_VW:
             # the window's differences c0 .. c0 + BM + BN - 2: wholly at one end of the
@@ -190,7 +190,7 @@ def attention_forward(
                 diagonal = jj[None, :] - ii[:, None] + (BM - 1)  # window column of each pair
                 s += tl.gather(sw, diagonal, axis=1)
         if HAS_KW:
-            kw = load_rows(KW, a, b, h, sxa, sxb, sxh, sxn, offs_n, offs_d,n_ok, d_ok)
+            kw = load_rows(KW, a, b, h, sxa, sxb, sxh, sxn, offs_n, offs_d, n_ok, d_ok)
             if edge:
                 row = tl.where(past, tk0, tk1)
                 s += tl.sum(kw.to(ACC) * row[None, :], axis=1)[None, :]
@@ -220,7 +220,7 @@ def attention_forward(
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None]
-        vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv,n_ok, dv_ok)
+        vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv, n_ok, dv_ok)
         acc += product(p, vals, SPLIT, False, DOT, OPERAND, PRECISION)
         if HAS_VW:
             if edge:
