@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from relpos_ref import catalog
 
 
-def _mask(draw, rng, t_q, t_k):
+def draw_mask(draw, rng, t_q, t_k):
+    """A mask of one of five kinds: none, random, with empty rows, broadcast, one row."""
     kind = draw(st.sampled_from(["none", "random", "empty rows", "broadcast", "row"]))
     if kind == "none":
         return None
@@ -23,7 +24,7 @@ def _mask(draw, rng, t_q, t_k):
         mask = rng.random((t_q, t_k)) < 0.8
         mask[::2] = False
         return mask
-    if kind == "broadcast":  # leading axes of its own: the scores broadcast to them
+    if kind == "broadcast":  # leading axes of its own: the scores (and gradients) widen
         return rng.random((2, 1, t_q, t_k)) < 0.7
     return rng.random((1, t_k)) < 0.7
 
@@ -102,7 +103,7 @@ def calls(draw, scheme, dtypes=("float32", "float64"), longest=9, heads=None):
     lead = draw(st.sampled_from([(heads,), (2, heads)]))
     q, k, v = normal(*lead, t_q, d), normal(*lead, t_k, d), normal(*lead, t_k, 3)
     tables = {name: normal(*shape) for name, shape in shapes.items()}
-    kwargs = dict(options, mask=_mask(draw, rng, t_q, t_k), return_weights=True,
+    kwargs = dict(options, mask=draw_mask(draw, rng, t_q, t_k), return_weights=True,
                   scale=draw(st.sampled_from([None, 0.7, -0.3])))
     if scheme not in ("grid2d", "swin"):
         kwargs["q_offset"] = q_offset

@@ -25,6 +25,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from _calls import draw_mask as _mask
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,21 +59,6 @@ def test_the_vjp_kernels_are_those_of_the_covered_schemes():
 
 
 # -- drawing calls ------------------------------------------------------------------
-
-
-def _mask(draw, rng, t_q, t_k):
-    kind = draw(st.sampled_from(["none", "random", "empty rows", "broadcast", "row"]))
-    if kind == "none":
-        return None
-    if kind == "random":
-        return rng.random((t_q, t_k)) < 0.7
-    if kind == "empty rows":
-        mask = rng.random((t_q, t_k)) < 0.8
-        mask[::2] = False
-        return mask
-    if kind == "broadcast":  # leading axes of its own: the gradients' batch widens
-        return rng.random((2, 1, t_q, t_k)) < 0.7
-    return rng.random((1, t_k)) < 0.7
 
 
 def _options(draw, scheme, t_q, t_k, q_offset):
