@@ -11,15 +11,18 @@ keeps what it measured):
    CuPy for plain, bias, T5, ALiBi, RoPE, Shaw keys+values and DeBERTa in
    float32, float16 and bfloat16, against torch's SDPA, SDPA with the bias
    materialized as a ``(1, h, t, t)`` mask, FlexAttention (compiled) with a
-   bias ``score_mod``, and the array-API specification on CuPy (plain and
+   hand-written bias ``score_mod`` and with the one `relpos_ref.flex` exports,
+   and the array-API specification on CuPy (plain and
    bias, float32); the largest difference of each against its reference;
-3. ``tiles``: bias, Shaw and DeBERTa under other tiles, warps and pipeline
+3. ``backward``: the VJPs of plain, bias, ALiBi and RoPE (the fused backward
+   kernels) against their forward passes, float16 and float32;
+4. ``tiles``: bias, Shaw and DeBERTa under other tiles, warps and pipeline
    stages, to choose the defaults (`relpos_ref.kernels._triton_launch.TILES`);
-4. ``blocked``: `relpos_ref.blocked_attention` at ``--t-blocked`` (262144),
+5. ``blocked``: `relpos_ref.blocked_attention` at ``--t-blocked`` (262144),
    one head, time and the GPU memory it takes beyond its inputs;
-5. ``kernels``: the Triton kernels' proofs (``tests/test_kernels_triton.py``,
+6. ``kernels``: the Triton kernels' proofs (``tests/test_kernels_triton.py``,
    ``tests/test_lowering.py``) compiled on the GPU;
-6. ``suite``: the backend-parametrized tests of the specification and the
+7. ``suite``: the backend-parametrized tests of the specification and the
    kernels with ``RELPOS_BACKENDS=cupy,torch``, for what is left of
    ``--budget`` seconds.
 
@@ -104,6 +107,7 @@ def _calls(library: str, dtype: str, heads: int, t: int, d: int) -> dict[str, Ca
     span = t // 4
     c2p = put(rng.standard_normal((heads, 2 * span, d), dtype=np.float32) / 8)
     p2c = put(rng.standard_normal((heads, 2 * span, d), dtype=np.float32) / 8)
+    d_output = put(rng.standard_normal((heads, t, d), dtype=np.float32))
     return {
         "plain": lambda: rp.attention(q, k, v),
         "bias": lambda: rp.bias_attention(q, k, v, bias_table),
@@ -113,6 +117,10 @@ def _calls(library: str, dtype: str, heads: int, t: int, d: int) -> dict[str, Ca
         "shaw": lambda: rp.shaw_attention(q, k, v, shaw_k, shaw_v),
         "deberta": lambda: rp.deberta_attention(q, k, v, c2p, p2c, max_position=t // 2),
         "_arrays": lambda: (q, k, v, bias_table),
+        "plain vjp": lambda: rp.attention_vjp(q, k, v, d_output=d_output),
+        "bias vjp": lambda: rp.bias_attention_vjp(q, k, v, bias_table, d_output=d_output),
+        "alibi vjp": lambda: rp.alibi_attention_vjp(q, k, v, d_output=d_output),
+        "rope vjp": lambda: rp.rope_attention_vjp(q, k, v, d_output=d_output),
     }
 
 
@@ -153,7 +161,47 @@ def _torch_baselines(dtype: str, heads: int, t: int, d: int, k_max: int, calls, 
     except Exception as exc:  # recorded, not raised: FlexAttention varies by version
         rows.append({"baseline": "flex bias (compiled)", "dtype": dtype,
                      "error": f"{type(exc).__name__}: {exc}"[:300]})
+    try:  # the exported score_mod (relpos_ref.flex), read from the distance form
+        from torch.nn.attention.flex_attention import flex_attention
+
+        from relpos_ref.flex import flex_attention_args
+
+        exported = flex_attention_args("bias", q, k, v, table)
+        flex = torch.compile(flex_attention)
+        out = flex(exported.q, exported.k, exported.v, **exported.kwargs)
+        rows.append({"baseline": "flex bias, exported score_mod (compiled)", "dtype": dtype,
+                     "seconds": _timed("torch", lambda: flex(exported.q, exported.k, exported.v,
+                                                             **exported.kwargs), repeat),
+                     "ours_max_diff": float((ours.float() - exported.output(out).float())
+                                            .abs().max())})
+    except Exception as exc:
+        rows.append({"baseline": "flex bias, exported score_mod (compiled)", "dtype": dtype,
+                     "error": f"{type(exc).__name__}: {exc}"[:300]})
     return rows
+
+
+def backward(args) -> list[dict[str, Any]]:
+    """Each VJP of the bias family on torch CUDA against its forward (issue 27's 2.5x)."""
+    from relpos_ref import kernels
+
+    found = []
+    for dtype in ("float16", "float32"):
+        calls = _calls("torch", dtype, args.heads, args.t, 64)
+        q = calls["_arrays"]()[0]
+        for scheme in ("plain", "bias", "alibi", "rope"):
+            row = {"scheme": scheme, "dtype": dtype,
+                   "kernel": getattr(kernels.kernel_for(scheme, (q,), vjp=True), "__name__",
+                                     "specification")}
+            try:
+                row["forward"] = _timed("torch", calls[scheme], args.repeat)
+                row["seconds"] = _timed("torch", calls[f"{scheme} vjp"], args.repeat)
+                row["ratio_to_forward"] = row["seconds"] / row["forward"]
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            found.append(row)
+            print(row, flush=True)
+        del calls
+    return found
 
 
 def benchmark(args) -> dict[str, Any]:
@@ -181,7 +229,7 @@ def benchmark(args) -> dict[str, Any]:
             if library == "torch":
                 baselines += _torch_baselines(dtype, args.heads, args.t, 64, 16, calls,
                                               args.repeat)
-                print(baselines[-3:], flush=True)
+                print(baselines[-4:], flush=True)
             if library == "cupy" and dtype == "float32":
                 with rp.kernels.disabled():
                     for scheme in ("plain", "bias"):
@@ -315,6 +363,10 @@ def _markdown(results: dict[str, Any]) -> str:
             ms = f"{b['seconds'] * 1e3:.2f}" if "seconds" in b else b.get("error", "")
             lines.append(f"| {b['baseline']} | {b['dtype']} | {ms} | "
                          f"{b.get('ours_max_diff', '')} |")
+    for b in results.get("backward", []) if isinstance(results.get("backward"), list) else []:
+        if "seconds" in b:
+            lines.append(f"\nVJP {b['scheme']} {b['dtype']} ({b['kernel']}): "
+                         f"{b['seconds'] * 1e3:.2f} ms, {b['ratio_to_forward']:.2f}x its forward")
     for b in results.get("blocked", []):
         lines.append(f"\nblocked {b['scheme']} {b['dtype']} t = {b['t']}: "
                      f"{b['seconds']:.2f} s, {b['extra_bytes'] / 2**20:.1f} MiB beyond inputs")
@@ -335,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--t-blocked", type=int, default=262144)
     parser.add_argument("--budget", type=float, default=420.0,
                         help="seconds for the whole run; the suite gets what is left")
-    parser.add_argument("--sections", default="benchmark,tiles,blocked,kernels,suite")
+    parser.add_argument("--sections", default="benchmark,backward,tiles,blocked,kernels,suite")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -351,8 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "gpu_check.md").write_text(_markdown(results))
 
     sections = args.sections.split(",")
-    steps = [("benchmark", lambda: benchmark(args)), ("tiles", lambda: tiles(args)),
-             ("blocked", lambda: blocked(args))]
+    steps = [("benchmark", lambda: benchmark(args)), ("backward", lambda: backward(args)),
+             ("tiles", lambda: tiles(args)), ("blocked", lambda: blocked(args))]
     for name, step in steps:
         if name in sections:
             try:
