@@ -1,0 +1,66 @@
+"""The prepared GPU run (`benchmarks/gpu_check.py`): what it writes and how it runs the tests.
+
+Its measurements need a GPU; here its table and its test commands are
+checked, so that a lent GPU's minutes are not spent on a run that cannot
+report (the first run's test sections failed to start: pytest-benchmark's
+warning under xdist is an error under ``filterwarnings = error``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_table_has_every_section(gpu_check):
+    rows = [{"library": "torch", "dtype": "float16", "scheme": s, "seconds": 0.001 * (i + 1)}
+            for i, s in enumerate(gpu_check.SCHEMES)]
+    results = {
+        "t": 16384, "heads": 8,
+        "device": {"name": "NVIDIA H200", "torch": "2.11", "triton": "3.6", "cupy": "14.2"},
+        "benchmark": {"rows": rows, "baselines": [
+            {"baseline": "sdpa", "dtype": "float16", "seconds": 0.00114, "ours_max_diff": 6e-5},
+            {"baseline": "flex bias, exported score_mod (compiled)", "dtype": "float16",
+             "error": "RuntimeError: no"}]},
+        "backward": [{"scheme": "bias", "dtype": "float16", "kernel": "bias_attention_vjp_triton",
+                      "seconds": 0.012, "ratio_to_forward": 1.9}],
+        "blocked": [{"scheme": "plain", "dtype": "float16", "t": 262144, "seconds": 0.96,
+                     "extra_bytes": 64 * 2**20}],
+        "kernels": {"summary": ["54 passed in 40s"], "seconds": 41.0},
+    }
+    table = gpu_check._markdown(results)
+    assert "on NVIDIA H200 (torch 2.11, triton 3.6, cupy 14.2), t = 16384" in table
+    assert "| torch | float16 | 1.00 | 2.00 | 3.00 | 4.00 | 5.00 | 6.00 | 7.00 |" in table
+    assert "| sdpa | float16 | 1.14 | 6e-05 |" in table
+    assert "| flex bias, exported score_mod (compiled) | float16 | RuntimeError: no |" in table
+    assert "VJP bias float16 (bias_attention_vjp_triton): 12.00 ms, 1.90x its forward" in table
+    assert "blocked plain float16 t = 262144: 0.96 s, 64.0 MiB beyond inputs" in table
+    assert "kernels: 54 passed in 40s (41 s)" in table
+
+
+def test_its_test_runs_can_start_on_a_gpu_machine(gpu_check, tmp_path):
+    done = subprocess.CompletedProcess([], 0, stdout="1 passed\n", stderr="")
+    with mock.patch.object(gpu_check.subprocess, "run", return_value=done) as run:
+        found = gpu_check._pytest(["tests/x.py"], {"A": "1"}, timeout=5, workers=6,
+                                  log=tmp_path / "log")
+    command = run.call_args.args[0]
+    # without pytest-benchmark, whose warning under xdist stops the run under -W error
+    assert command[command.index("-p", command.index("no:cacheprovider")) + 1] == "no:benchmark"
+    assert command[-3:] == ["-n", "6", "tests/x.py"]
+    assert run.call_args.kwargs["env"]["A"] == "1"
+    assert found["summary"] == ["1 passed"] and (tmp_path / "log").read_text() == "1 passed\n"
+    assert gpu_check.GPU_SHARED == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
