@@ -116,7 +116,9 @@ class IndexMap(NamedTuple):
 
 
 class SideTerm(NamedTuple):
-    """``vectors[.., t, :] . table[.., row, :]``: a content-position term, scaled with ``q . k``.
+    """A content-position term, ``vectors[.., t, :]`` dotted with ``table[.., row, :]``, scaled.
+
+    Scaled with the content term ``q k^T``.
 
     ``vectors`` are ``(..., t_q, d)`` queries in `DistanceForm.query_terms`,
     ``(..., t_k, d)`` keys in `DistanceForm.key_terms`; ``table`` is
@@ -161,7 +163,7 @@ class DistanceForm(NamedTuple):
 
 
 def distances(call: Call, *, device: Any = None) -> Any:
-    r"""The distances of a call's grid, most distant past first: ``r_min .. r_max``.
+    r"""The distances of a call's grid, most distant past first: ``r_min`` to ``r_max``.
 
     .. math:: r_c = c - (t_q - 1) - q_\text{offset}, \quad c = 0 .. t_q + t_k - 2
 
