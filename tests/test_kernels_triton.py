@@ -13,12 +13,13 @@ tensors, or hand the call back only where the module says it does.
 
 from __future__ import annotations
 
+import os
 from unittest import mock
 
 import numpy as np
 import pytest
 from _calls import calls
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import relpos_ref as rp
@@ -37,6 +38,12 @@ elif torch.cuda.is_available():
 else:
     pytest.skip("triton is compiling (TRITON_INTERPRET is not 1) and there is no CUDA device",
                 allow_module_level=True)
+
+#: Under the ``ci`` profile the interpreter's hypothesis tests draw 8 examples per scheme (a
+#: tile costs the interpreter tens of milliseconds); ``thorough`` draws its own count.
+INTERPRETED_EXAMPLES = (settings(max_examples=8)
+                        if os.environ.get("RELPOS_HYPOTHESIS_PROFILE", "ci") == "ci"
+                        else settings())
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
           "bfloat16": torch.bfloat16}
@@ -91,6 +98,7 @@ def _assert_close(got, want, dtype):
 
 
 @pytest.mark.parametrize("scheme", catalog.names(plain=True))
+@INTERPRETED_EXAMPLES
 @given(data=st.data(), dtype=st.sampled_from(list(DTYPES)))
 def test_kernel_equals_the_specification(scheme, data, dtype):
     args, kwargs = data.draw(calls(scheme, dtypes=("float64",), longest=40))

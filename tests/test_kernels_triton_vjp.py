@@ -18,7 +18,16 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_kernels_triton import DTYPES, INTERPRETED, _on, _small_tiles, _tensor, kt, torch
+from test_kernels_triton import (
+    DTYPES,
+    INTERPRETED,
+    INTERPRETED_EXAMPLES,
+    _on,
+    _small_tiles,
+    _tensor,
+    kt,
+    torch,
+)
 from test_kernels_vjp import vjp_calls
 
 import relpos_ref as rp
@@ -67,6 +76,7 @@ def _assert_gradients(got, want, dtype):
 
 
 @pytest.mark.parametrize("scheme", catalog.names(plain=True))
+@INTERPRETED_EXAMPLES
 @given(data=st.data(), dtype=st.sampled_from(list(DTYPES)))
 def test_vjp_kernel_equals_the_specification(scheme, data, dtype):
     args, kwargs = data.draw(vjp_calls(scheme))
