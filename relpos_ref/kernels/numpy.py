@@ -182,20 +182,18 @@ def absolute_attention(
 
 @_register("rope")
 def rope_attention(
-    q, k, v, /, *, base=10000.0, rotary_dim=None, layout="half", scale=None, mask=None,
-    causal=None, q_offset=None, return_weights=False,
+    q, k, v, /, *, scale=None, mask=None, causal=None, q_offset=None, return_weights=False,
+    **rotation,
 ):
+    # `rotation`: rope_attention's base, rotary_dim, layout, scaling, angles, checked by
+    # rope_call; the rotated operands are bounded, whatever their attention factor
     if not _ndarrays(q, k, v, mask):
         return NotImplemented
-    call = rope.rope_call(
-        q, k, v, base=base, rotary_dim=rotary_dim, layout=layout, scale=scale, mask=mask,
-        causal=causal, q_offset=q_offset,
-    )
-    if not bounded("rope", call, q, k):
+    call = rope.rope_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
+                          **rotation)
+    q_rot, k_rot = rope.rope_pair(q, k, call, **rotation)
+    if not bounded("plain", call, q_rot, k_rot):  # False where one is not finite
         return NotImplemented
-    opts = {"base": base, "rotary_dim": rotary_dim, "layout": layout}
-    q_rot = rope.rope_rotate(q, offset=call.q_offset, **opts)
-    k_rot = rope.rope_rotate(k, offset=0, **opts)
     return _attend(q_rot, k_rot, v, call, mask=mask, return_weights=return_weights)
 
 
