@@ -52,6 +52,7 @@ from .rope_angles import (
     ANGLES,
     angle_dtype,
     cos_sin,
+    frequencies,
     rope_cos_sin,
     rope_frequencies,
     rotary_width,
@@ -154,7 +155,7 @@ def rope_rotate(
     *_, t, d = x.shape
     rd = rotary_width(d, rotary_dim)
     length = max(offset + t, 0) if length is None else nonnegative_int("length", length)
-    freqs = rope_frequencies(rd, base=base, scaling=scaling, length=length)
+    freqs = frequencies(rd, base=base, scaling=scaling, length=length, angles=angles)
     inverse = check_bool("inverse", inverse)
     if rd == 0:
         return xp.reshape(x, tuple(x.shape), copy=True)  # fresh, bit for bit, autograd-quiet

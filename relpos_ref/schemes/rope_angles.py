@@ -10,16 +10,18 @@ computed on the host in float64. Two ways to form the angle, the option
   otherwise), rounded once to the dtype; exact to a few float64 roundings at
   any position up to :math:`2^{53}`.
 - ``"float32"``: the common float32 computation, :math:`\varphi_{32} =
-  \text{fl}_{32}(\text{fl}_{32}(p)\cdot\text{fl}_{32}(\theta'_c))` (the
-  frequency and the position each rounded to float32, their product
-  rounded), whose cosine and sine are then evaluated as above. In float32
-  the product carries a relative error of :math:`2^{-24}`: about ``5e-3``
-  rad at position 131071 and ``0.03`` to ``0.07`` rad near ``2**20``, where
-  the two modes' outputs differ visibly. An implementation whose float32
-  frequency is one ulp off (transformers' ``1 / base ** (2c / R)`` is, for a
-  third of the pairs) differs from this mode by up to
-  :math:`p\,\theta'_c\,2^{-24}` too: at large positions a float32 angle
-  depends on how its frequency was rounded.
+  \text{fl}_{32}(\text{fl}_{32}(p)\cdot\theta^{(32)}_c)`, the position
+  rounded to float32 times the frequency as float32 arithmetic forms it
+  (``1 / base ** (2c / R)`` and the rule, each operation rounded:
+  `relpos_ref.schemes.rope_float32`), the product rounded; its cosine and
+  sine are then evaluated as above. A float32 angle is off by up to
+  :math:`|\varphi|\,2^{-23}`: about ``5e-3`` rad at position 131071 and
+  ``0.03`` to ``0.07`` rad near ``2**20``, where the two modes' outputs
+  differ visibly. An implementation whose float32 frequency differs by one
+  ulp from this one (correctly rounded from float64, say, which a third of
+  the pairs are not) differs from this mode by up to
+  :math:`p\,\theta_c\,2^{-24}` as well: at large positions a float32
+  angle depends on how its frequency was rounded.
 
 Only the ``(t, R/2)`` cosines and sines of the positions in use are formed,
 never a table of all positions.
@@ -28,19 +30,20 @@ never a table of all positions.
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Mapping
 from typing import Any
 
 from .. import _xp
 from .._exact import float_dtype
 from .._validate import as_float, as_int, check_choice, nonnegative_int
+from .rope_float32 import f32, float32_frequencies
 from .rope_scaling import attention_factor, check_scaling, reads_length, scaled_frequencies
 
 __all__ = [
     "ANGLES",
     "angle_dtype",
     "cos_sin",
+    "frequencies",
     "rope_cos_sin",
     "rope_frequencies",
     "rotary_width",
@@ -124,6 +127,22 @@ def rope_frequencies(
     return scaled_frequencies(rotary_dim, base=base, scaling=rule, length=length)
 
 
+def frequencies(rotary_dim: int, *, base: float, scaling: Mapping[str, Any] | None,
+                length: int, angles: str) -> tuple[float, ...]:
+    """The frequencies an `angles` mode multiplies positions by: exact, or float32's.
+
+    Examples
+    --------
+    >>> frequencies(2, base=10.0, scaling=None, length=1, angles="float32")
+    (1.0,)
+    """
+    exact = rope_frequencies(rotary_dim, base=base, scaling=scaling, length=length)
+    if check_choice("angles", angles, ANGLES) == "float64":
+        return exact
+    return float32_frequencies(rotary_dim, base=base, scaling=check_scaling(scaling),
+                               length=length)
+
+
 def angle_dtype(xp: Any, dtype: Any, device: Any, *, offset: int, t: int, name: str,
                 t_other: int = 0) -> Any:
     """The dtype of the angles of positions ``offset .. offset + t - 1`` (and ``0 .. t_other - 1``).
@@ -145,11 +164,6 @@ def angle_dtype(xp: Any, dtype: Any, device: Any, *, offset: int, t: int, name: 
 
     return float_dtype(xp, dtype, device=device, largest=largest, name=name, value=offset,
                        what="positions", allowed=allowed, angles=True)
-
-
-def _float32(value: float) -> float:
-    # `value` rounded to the nearest float32 (on the host)
-    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 def _turns(xp: Any, wide: Any, dev: Any, offset: int, t: int,
@@ -177,7 +191,7 @@ def _float32_turns(xp: Any, wide: Any, dev: Any, offset: int, t: int,
                    freqs: tuple[float, ...]) -> tuple[Any, Any]:
     # cos and sin, in `wide`, of fl32(fl32(p) fl32(θ)): the angles float32 arithmetic forms
     idx = _xp.index_dtype(xp, dev)
-    theta = xp.asarray([_float32(f) for f in freqs], dtype=xp.float32, device=dev)
+    theta = xp.asarray([f32(f) for f in freqs], dtype=xp.float32, device=dev)
     positions = xp.astype(xp.arange(t, dtype=idx, device=dev) + offset, xp.float32)
     angles = xp.astype(positions[:, None] * theta[None, :], wide)
     return xp.cos(angles), xp.sin(angles)
@@ -262,7 +276,7 @@ def rope_cos_sin(
     check_choice("angles", angles, ANGLES)
     if length is None:
         length = max(offset + t, 0)
-    freqs = rope_frequencies(rotary_dim, base=base, scaling=scaling, length=length)
+    freqs = frequencies(rotary_dim, base=base, scaling=scaling, length=length, angles=angles)
     if dtype is None:
         dtype = xp.float64 if _xp.has_float64(xp, device) else xp.float32
     return cos_sin(xp, dtype, device, offset=offset, t=t, freqs=freqs, angles=angles,

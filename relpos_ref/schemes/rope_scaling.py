@@ -336,18 +336,25 @@ def softmax_factor(scaling: Mapping[str, Any]) -> float:
     return _mscale(scaling["factor"], scaling["mscale_all_dim"]) ** 2
 
 
-def _dynamic_base(base: float, rd: int, s: Mapping[str, Any], length: int) -> float:
+def dynamic_span(s: Mapping[str, Any], length: int) -> float:
+    """The length ``dynamic`` reads: the call's (``per_call``) or the deployment's, >= L0."""
     factor, l0 = s["factor"], s["original_max_position_embeddings"]
     if s["policy"] == "fixed":
         span = factor * l0 if s["max_position_embeddings"] is None else s["max_position_embeddings"]
     else:
         span = length
-    span = max(span, l0)  # never below the trained length: base' >= base
+    return max(span, l0)  # never below the trained length: base' >= base
+
+
+def _dynamic_base(base: float, rd: int, s: Mapping[str, Any], length: int) -> float:
+    factor, l0 = s["factor"], s["original_max_position_embeddings"]
+    span = dynamic_span(s, length)
     return base * (factor * span / l0 - (factor - 1)) ** (rd / (rd - 2))
 
 
-def _yarn(theta: list[float], base: float, rd: int, s: Mapping[str, Any]) -> list[float]:
-    factor, l0 = s["factor"], s["original_max_position_embeddings"]
+def yarn_range(base: float, rd: int, s: Mapping[str, Any]) -> tuple[float, float]:
+    """YaRN's ramp: from the pair of ``beta_fast`` turns in L0 to that of ``beta_slow``."""
+    l0 = s["original_max_position_embeddings"]
     if not base > 1:
         msg = f"yarn scaling needs `base` > 1 (it divides by ln base), got {base}"
         raise ValueError(msg)
@@ -361,8 +368,13 @@ def _yarn(theta: list[float], base: float, rd: int, s: Mapping[str, Any]) -> lis
     low, high = max(low, 0), min(high, rd - 1)
     if low == high:
         high += 0.001
+    return low, high
+
+
+def _yarn(theta: list[float], base: float, rd: int, s: Mapping[str, Any]) -> list[float]:
+    low, high = yarn_range(base, rd, s)
     ramp = [min(max((c - low) / (high - low), 0.0), 1.0) for c in range(len(theta))]
-    return [t * (1 - r) + t / factor * r for t, r in zip(theta, ramp, strict=True)]
+    return [t * (1 - r) + t / s["factor"] * r for t, r in zip(theta, ramp, strict=True)]
 
 
 def _llama3(theta: list[float], s: Mapping[str, Any]) -> list[float]:
@@ -381,16 +393,22 @@ def _llama3(theta: list[float], s: Mapping[str, Any]) -> list[float]:
     return out
 
 
-def _longrope(theta: list[float], rd: int, s: Mapping[str, Any], length: int) -> list[float]:
+def longrope_factors(n: int, rd: int, s: Mapping[str, Any], length: int) -> tuple[float, ...]:
+    """The LongRoPE factors a call reads: long past L0 (its length, or the deployment's)."""
     l0 = s["original_max_position_embeddings"]
     span = length if s["policy"] == "per_call" else s["max_position_embeddings"]
     name = "long_factor" if span > l0 else "short_factor"
     factors = s[name]
-    if len(factors) != len(theta):
-        msg = (f"{_field(name)} must have rotary_dim / 2 = {len(theta)} entries, got "
+    if len(factors) != n:
+        msg = (f"{_field(name)} must have rotary_dim / 2 = {n} entries, got "
                f"{len(factors)} (`rotary_dim` = {rd})")
         raise ValueError(msg)
-    return [t / e for t, e in zip(theta, factors, strict=True)]
+    return factors
+
+
+def proportional_pairs(rd: int, s: Mapping[str, Any]) -> int:
+    """How many pairs turn under ``proportional``: ``floor(partial_rotary_factor R / 2)``."""
+    return int(s["partial_rotary_factor"] * rd // 2)
 
 
 def scaled_frequencies(rotary_dim: int, /, *, base: float, scaling: Mapping[str, Any],
@@ -429,10 +447,11 @@ def scaled_frequencies(rotary_dim: int, /, *, base: float, scaling: Mapping[str,
     elif kind == "yarn":
         theta = _yarn(theta, base, rotary_dim, scaling)
     elif kind == "longrope":
-        theta = _longrope(theta, rotary_dim, scaling, length)
+        factors = longrope_factors(n, rotary_dim, scaling, length)
+        theta = [t / e for t, e in zip(theta, factors, strict=True)]
     elif kind == "llama3":
         theta = _llama3(theta, scaling)
     elif kind == "proportional":
-        rotated = int(scaling["partial_rotary_factor"] * rotary_dim // 2)
+        rotated = proportional_pairs(rotary_dim, scaling)
         theta = [t / scaling["factor"] if c < rotated else 0.0 for c, t in enumerate(theta)]
     return tuple(theta)
