@@ -342,3 +342,84 @@ def test_float32_frequencies_are_float32_values_within_ulps_of_the_exact_ones(na
         # YaRN's blend weighs by 1 - (1 - ramp) in float32: a small ramp keeps few bits
         rtol = 2.0**-16 if name.startswith("yarn") else 4 * 2.0**-24
         np.testing.assert_allclose(got, exact, rtol=rtol, atol=0)
+
+
+# -- every fast path reads the rotation: the distance form, blocked, FlexAttention, Triton ----
+
+
+def _variant_call(name, t_q=7, t_k=19, q_offset=12):
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((2, t, D)) for t in (t_q, t_k, t_k))
+    kwargs = {"base": BASE, "rotary_dim": RD, "scaling": VARIANTS[name], "q_offset": q_offset,
+              "causal": True}
+    with kernels.disabled():
+        want = np.asarray(rp.rope_attention(q, k, v, **kwargs))
+    return (q, k, v), kwargs, want
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_the_distance_form_and_blocked_evaluation_follow_the_rotation(name):
+    from relpos_ref.lowering import form_attention, lower
+
+    (q, k, v), kwargs, want = _variant_call(name)
+    np.testing.assert_allclose(np.asarray(form_attention(lower("rope", q, k, v, **kwargs))),
+                               want, rtol=1e-12, atol=1e-12)
+    for block in (4, 64):  # query chunks and key blocks rotate with the whole call's length
+        got = rp.blocked_attention(q, k, v, scheme="rope", block_size=block, **kwargs)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
+        with kernels.disabled():
+            got = rp.blocked_attention(q, k, v, scheme="rope", block_size=block, **kwargs)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
+    torch = pytest.importorskip("torch")
+    got = rp.blocked_attention(*(torch.tensor(a) for a in (q, k, v)), scheme="rope",
+                               block_size=4, **kwargs)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["dynamic", "yarn-deepseek", "longrope"])
+def test_blocked_over_dask_chunks_follows_the_rotation(name):
+    dask = pytest.importorskip("dask")
+    da = pytest.importorskip("dask.array")
+    (q, k, v), kwargs, want = _variant_call(name)
+    chunked = [da.from_array(a, chunks=(1, 3, D)) for a in (q, k, v)]  # chunks of 3 queries
+    got = rp.blocked_attention(*chunked, scheme="rope", block_size=4, **kwargs)
+    with dask.config.set(scheduler="sync"):
+        np.testing.assert_allclose(np.asarray(got.compute()), want, rtol=1e-12, atol=1e-12)
+
+
+def _unfused_flex():
+    # FlexAttention's unfused path without its warning (as tests/test_flex.py runs it)
+    import contextlib
+    from unittest import mock
+
+    from torch.nn.attention import flex_attention as module
+
+    name = "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"
+    if not hasattr(module, name):
+        return contextlib.nullcontext()
+    return mock.patch.object(module, name, True)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_the_flex_export_follows_the_rotation(name):
+    torch = pytest.importorskip("torch")
+    flex = pytest.importorskip("relpos_ref.flex")
+    (q, k, v), kwargs, want = _variant_call(name)
+    q, k, v = (torch.tensor(a[None]) for a in (q, k, v))  # (batch, heads, t, d)
+    with _unfused_flex():
+        got = flex.attend("rope", q, k, v, **kwargs)
+    np.testing.assert_allclose(got[0].numpy(), want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_the_triton_kernel_follows_the_rotation(name):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    kt = pytest.importorskip("relpos_ref.kernels.triton")
+    if not kt.INTERPRETER:
+        pytest.skip("Triton compiles here: the GPU check runs it")
+    (q, k, v), kwargs, want = _variant_call(name)
+    with kt.interpreted():
+        got = kt.KERNELS["rope"](*(torch.tensor(a) for a in (q, k, v)), **kwargs)
+    assert got is not NotImplemented
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-12)
