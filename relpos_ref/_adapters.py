@@ -23,6 +23,7 @@ docs, the benchmarks) call these instead, all with one signature per task:
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, NamedTuple
 
@@ -317,9 +318,47 @@ def rope_rotate(q, k, *, q_offset, options):
             rope.rope_rotate(k, **rotation))
 
 
+def parse_scaling(text: str) -> dict[str, Any]:
+    """A `scaling` option from JSON text (the command line's ``--scaling``), checked.
+
+    Examples
+    --------
+    >>> parse_scaling('{"rope_type": "linear", "factor": 2}')
+    {'rope_type': 'linear', 'factor': 2}
+    """
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        msg = f"`scaling` must be a JSON object, got {text!r} ({exc})"
+        raise ValueError(msg) from None
+    rope_scaling.check_scaling(value)
+    return value
+
+
+def parse_real(text: str) -> float:
+    """A finite number from the command line (``--base``).
+
+    Examples
+    --------
+    >>> parse_real("1e4")
+    10000.0
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        msg = f"expected a finite number, got {text!r}"
+        raise ValueError(msg)
+    return value
+
+
 def rope_show(*, t_q, t_k, q_offset, options):
     """Lines of ``relpos-ref show rope``: each pair's frequency, scaled, and the factors."""
     rotary_dim = 8 if options.get("rotary_dim") is None else options["rotary_dim"]
+    if rotary_dim < 0 or rotary_dim % 2:
+        msg = f"`rotary_dim` must be even and >= 0, got {rotary_dim}"
+        raise ValueError(msg)
     base = options.get("base", 10000.0)
     rule = rope_scaling.check_scaling(options.get("scaling"))
     length = rope_scaling.call_length(t_q, t_k, q_offset)

@@ -423,3 +423,22 @@ def test_the_triton_kernel_follows_the_rotation(name):
         got = kt.KERNELS["rope"](*(torch.tensor(a) for a in (q, k, v)), **kwargs)
     assert got is not NotImplemented
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("angles", ["float64", "float32"])
+@pytest.mark.parametrize("name", ["yarn", "longrope", "proportional"])
+def test_a_device_without_float64_runs_every_mode(name, angles):
+    xp = pytest.importorskip("array_api_strict")
+    device = xp.Device("no_float64")
+    rng = np.random.default_rng(10)
+    q, k, v = (xp.asarray(rng.standard_normal((2, t, D)).astype(np.float32), device=device)
+               for t in (5, 9, 9))
+    kwargs = {"base": BASE, "rotary_dim": RD, "scaling": VARIANTS[name], "angles": angles,
+              "q_offset": 4}
+    got = rp.rope_attention(q, k, v, **kwargs)
+    assert got.dtype == xp.float32 and got.device == device
+    host = [np.from_dlpack(a.to_device(xp.Device("CPU_DEVICE"))).astype(np.float64)
+            for a in (q, k, v)]
+    want = rp.rope_attention(*host, **kwargs)
+    np.testing.assert_allclose(np.from_dlpack(got.to_device(xp.Device("CPU_DEVICE"))), want,
+                               rtol=1e-5, atol=1e-5)

@@ -44,7 +44,6 @@ softmax scale by :math:`(0.1\, \text{mscale\_all\_dim} \ln s + 1)^2`
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -57,7 +56,6 @@ __all__ = [
     "attention_factor",
     "call_length",
     "check_scaling",
-    "parse_scaling",
     "reads_length",
     "scaled_frequencies",
     "softmax_factor",
@@ -223,23 +221,6 @@ def _check_together(s: dict[str, Any]) -> None:
         msg = (f"{_field('softmax_mscale')} needs {_field('mscale_all_dim')} > 0, got "
                f"{s['mscale_all_dim']!r}")
         raise ValueError(msg)
-
-
-def parse_scaling(text: str) -> dict[str, Any]:
-    """A `scaling` option from JSON text (the command line's ``--scaling``), checked.
-
-    Examples
-    --------
-    >>> parse_scaling('{"rope_type": "linear", "factor": 2}')
-    {'rope_type': 'linear', 'factor': 2}
-    """
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        msg = f"`scaling` must be a JSON object, got {text!r} ({exc})"
-        raise ValueError(msg) from None
-    check_scaling(value)
-    return value
 
 
 def reads_length(scaling: Mapping[str, Any]) -> bool:
