@@ -271,6 +271,7 @@ def rope_cos_sin(
     Array([[0.        ],
            [0.84147098]], dtype=array_api_strict.float64)
     """
+    xp = _xp.check_namespace(xp)
     t = nonnegative_int("t", t)
     offset = as_int("offset", offset)
     check_choice("angles", angles, ANGLES)
