@@ -300,7 +300,7 @@ def alibi_shifted_terms(q, k, tables, *, q_offset, i0, j0, options, method):
 
 
 #: `rope_rotate`'s options besides the offset: the catalog's, and the call's length.
-ROPE_ROTATION = ("base", "rotary_dim", "layout", "scaling", "angles", "length")
+ROPE_ROTATION = (*rope.ROTATION, "length")
 
 
 def rope_check(q, k, v, tables, *, scale, mask, causal, q_offset, options):

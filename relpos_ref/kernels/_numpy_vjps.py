@@ -467,8 +467,8 @@ def rope_attention_vjp(
 ):
     # `rotation`: base, rotary_dim, layout, scaling, angles (checked by rope_call); the
     # rotated operands are bounded, whatever their attention factor
-    if not _ndarrays(q, k, v, d_output, mask):
-        return NotImplemented
+    if not _ndarrays(q, k, v, d_output, mask) or not set(rotation) <= set(rope.ROTATION):
+        return NotImplemented  # an unknown keyword: the specification names it
     call = rope.rope_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
                           **rotation)
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)

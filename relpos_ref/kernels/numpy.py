@@ -187,8 +187,8 @@ def rope_attention(
 ):
     # `rotation`: rope_attention's base, rotary_dim, layout, scaling, angles, checked by
     # rope_call; the rotated operands are bounded, whatever their attention factor
-    if not _ndarrays(q, k, v, mask):
-        return NotImplemented
+    if not _ndarrays(q, k, v, mask) or not set(rotation) <= set(rope.ROTATION):
+        return NotImplemented  # an unknown keyword: the specification names it
     call = rope.rope_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
                           **rotation)
     q_rot, k_rot = rope.rope_pair(q, k, call, **rotation)

@@ -63,6 +63,7 @@ __all__ = [
     "ANGLES",
     "DEFAULTS",
     "ROPE_LAYOUTS",
+    "ROTATION",
     "angle_dtype",
     "rope_attention",
     "rope_attention_vjp",
@@ -77,6 +78,9 @@ __all__ = [
 DEFAULTS = PLAIN
 
 ROPE_LAYOUTS = ("half", "interleaved")
+
+#: `rope_attention`'s options that `rope_rotate` takes too: what the kernels pass on.
+ROTATION = ("base", "rotary_dim", "layout", "scaling", "angles")
 
 
 @computes_in_float32
