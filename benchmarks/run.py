@@ -25,7 +25,9 @@ writes a JSON file (machine, library versions, date, every measurement) to
    (``--flex``): a hand-written bias score_mod against our bias attention, and the
    score_mods `relpos_ref.flex` exports for bias, T5 and ALiBi against hand-written
    ones and against SDPA with the bias materialized as ``(1, h, t, t)`` (issue 30);
-8. the targets of issues 7, 14, 16, 17 and 30, each marked met or missed.
+8. RoPE's frequency scalings and float32 angles (issue 28) against plain RoPE, each
+   timed interleaved with `relpos_ref.rope_attention` unscaled (`rope_variants`);
+9. the targets of issues 7, 14, 16, 17, 28 and 30, each marked met or missed.
 
 The schemes, their tables and their benchmark sizes come from `relpos_ref.catalog`.
 
@@ -184,6 +186,52 @@ def scheme_cases(arr, heads: int, t: int, d: int, k_max: int) -> dict[str, Calla
         call.backward = backward  # the scheme's public backward pass, same arguments
         cases[label] = call
     return cases
+
+
+def rope_variants(t: int, d: int) -> dict[str, dict[str, Any]]:
+    """Keyword arguments of `relpos_ref.rope_attention` for each scaling rule at length `t`.
+
+    Trained lengths below `t`, so that the length-dependent rules scale (dynamic's base
+    grows, LongRoPE reads its long factors); ``float32-angles`` is the unscaled call with
+    ``angles="float32"``, which forms every angle and so costs more (no 1.1x target).
+    """
+    pairs = d // 2
+    short = max(t // 8, 2)
+    return {
+        "linear": {"scaling": {"rope_type": "linear", "factor": 4.0}},
+        "dynamic": {"scaling": {"rope_type": "dynamic", "factor": 4.0,
+                                "original_max_position_embeddings": short}},
+        "yarn": {"scaling": {"rope_type": "yarn", "factor": 8.0,
+                             "original_max_position_embeddings": short}},
+        "yarn-deepseek": {"scaling": {"rope_type": "yarn", "factor": 40.0,
+                                      "original_max_position_embeddings": short,
+                                      "mscale": 1.0, "mscale_all_dim": 1.0,
+                                      "softmax_mscale": True}},
+        "longrope": {"scaling": {"rope_type": "longrope",
+                                 "short_factor": [1.0 + c / pairs for c in range(pairs)],
+                                 "long_factor": [1.0 + 4 * c for c in range(pairs)],
+                                 "original_max_position_embeddings": short,
+                                 "max_position_embeddings": 8 * short}},
+        "llama3": {"scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": short}},
+        "proportional": {"scaling": {"rope_type": "proportional",
+                                     "partial_rotary_factor": 0.25}},
+        "float32-angles": {"angles": "float32"},
+    }
+
+
+def rope_comparison(backend: Any, q: Any, k: Any, v: Any, repeat: int) -> list[dict[str, Any]]:
+    """Each of `rope_variants` against plain RoPE: times and the median paired ratio."""
+    t, d = q.shape[-2], q.shape[-1]
+    rows = []
+    for name, options in rope_variants(t, d).items():
+        seconds, plain, ratio = _timed_against(
+            backend, lambda options=options: rp.rope_attention(q, k, v, **options),
+            lambda: rp.rope_attention(q, k, v), repeat)
+        rows.append({"variant": name, "seconds": seconds, "rope_seconds": plain,
+                     "ratio_to_rope": ratio})
+    return rows
 
 
 def _label(cases: dict[str, Callable], scheme: str) -> str:
@@ -703,6 +751,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<28} {seconds * 1e3:9.1f} {forward * 1e3:10.1f} {ratio:7.2f}x "
                   f"{mib:>9}")
 
+    results["rope"] = rope_comparison(backend, q, k, v, args.repeat)
+    print(f"\nRoPE's scalings against plain RoPE (issue 28), t = {t}")
+    print(f"{'variant':<28} {'time ms':>9} {'rope ms':>9} {'vs rope':>9}")
+    for row in results["rope"]:
+        print(f"{row['variant']:<28} {row['seconds'] * 1e3:9.1f} "
+              f"{row['rope_seconds'] * 1e3:9.1f} {row['ratio_to_rope']:8.2f}x")
+
     if backend.name == "torch":
         bias_table = arr(h, 2 * args.k_max + 1)
         results["sdpa"] = sdpa_comparison(backend, q, k, v, bias_table, args.repeat)
@@ -789,6 +844,9 @@ def main(argv: list[str] | None = None) -> int:
     targets += [(f"flex export {row['scheme']} <= 1.1x hand-written score_mod",
                  row["ratio_to_hand_written"], row["within_10_percent"])
                 for row in results.get("flex_export", []) if "error" not in row]
+    targets += [(f"rope {row['variant']} <= 1.1x plain rope", row["ratio_to_rope"],
+                 row["ratio_to_rope"] <= 1.1)
+                for row in results["rope"] if row["variant"] != "float32-angles"]
     targets += [(f"{row['scheme'].split()[0]} backward <= 2.5x its forward",
                  row["ratio_to_forward"], row["ratio_to_forward"] <= 2.5)
                 for row in results["backward"]]
@@ -803,7 +861,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"t={results['unblocked']['t']}", share, share >= 0.5))
     standard = (backend.name, args.dtype, h, t, d, args.k_max) == ("numpy", "float32", 8, 1024,
                                                                     64, 16)
-    print("\ntargets (issues 7, 14 and 16)" + ("" if standard else
+    print("\ntargets (issues 7, 14, 16 and 28)" + ("" if standard else
           ": set for NumPy float32, 8 heads, t = 1024, d = 64, K = 16; this run differs, "
           "so they are for reference only"))
     for text, value, met in targets:

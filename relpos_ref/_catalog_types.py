@@ -103,6 +103,11 @@ class Option:
         Whether it is an integer ``>= 1`` when given.
     case_parameter : bool
         Whether golden cases record it (``False`` for an array).
+    cli : bool
+        Whether ``relpos-ref show`` takes it as a flag although it is not
+        `grid` (what the scheme's `Scheme.show` prints depends on it).
+    parse : callable, optional
+        The command line's reader of its flag's text (default: an integer).
     """
 
     name: str
@@ -111,6 +116,13 @@ class Option:
     grid: bool = False
     positive: bool = False
     case_parameter: bool = True
+    cli: bool = False
+    parse: Callable[[str], Any] | None = None
+
+    @property
+    def flag(self) -> bool:
+        """Whether ``relpos-ref show`` has a flag for it (`grid` or `cli`)."""
+        return self.grid or self.cli
 
 
 @dataclass(frozen=True)
@@ -136,6 +148,7 @@ class Scheme:
     vjp: Callable[..., dict[str, Any]] | None = None
     lower: Callable[..., Any] | None = None
     shifted_terms: Callable[..., Terms] | None = None
+    show: Callable[..., list[str]] | None = None
 
     @property
     def attention_terms(self) -> Callable[..., Terms]:

@@ -156,11 +156,10 @@ def alibi_form(q, k, v, tables, *, call, mask, options):
 
 def rope_form(q, k, v, tables, *, call, mask, options):
     q, k = _wide(q), _wide(k)
-    from .schemes import rope
+    from ._adapters import rope_rotate
 
-    rotate = {n: options[n] for n in ("base", "rotary_dim", "layout")}
-    return DistanceForm(rope.rope_rotate(q, offset=call.q_offset, **rotate),
-                        rope.rope_rotate(k, **rotate), v, call, mask)
+    q, k = rope_rotate(q, k, q_offset=call.q_offset, options=options)  # the catalog's adapter
+    return DistanceForm(q, k, v, call, mask)
 
 
 def transformer_xl_form(q, k, v, tables, *, call, mask, options):

@@ -14,6 +14,8 @@ An entry records what a reader needs to call a scheme without knowing it:
 - uniform adapters over the scheme's own functions (`relpos_ref._adapters`):
   ``check`` (through `Scheme.check_call`), ``terms``, ``values``, ``rotate``
   and ``indices``;
+- `Scheme.show`, for a scheme whose view is more than its integers, the
+  lines ``relpos-ref show <scheme>`` prints after them (RoPE's frequencies);
 - `Scheme.vjp`, its backward pass (``<scheme>_attention_vjp``): the same
   arguments as ``*_attention`` plus ``d_output``, returning the gradient of
   every array argument by name.
@@ -53,6 +55,7 @@ from .schemes import (
     grid2d,
     music,
     rope,
+    rope_angles,
     shaw,
     swin,
     t5,
@@ -96,6 +99,15 @@ def _two_sided(name: str, what: str, width: str | None) -> Table:
 
 def _two_sided_label(p: Mapping[str, Any]) -> str:
     return f"K{p['K']}" + ("" if p.get("P") is None else f"-P{p['P']}")
+
+
+def _rope_label(p: Mapping[str, Any]) -> str:
+    """``R<rotary_dim>-<layout>``, then the scaling's rope_type and ``f32`` for float32 angles."""
+    scaling = p.get("scaling") or {}
+    kind = scaling.get("rope_type", "default")
+    return (f"R{p['rotary_dim'] or p['d']}-{p['layout']}"
+            + ("" if kind == "default" else f"-{kind}")
+            + ("-f32" if p.get("angles") == "float32" else ""))
 
 
 _ENTRIES = (
@@ -224,12 +236,16 @@ _ENTRIES = (
     Scheme(
         "rope", "Su et al. (2021), RoPE",
         "rotation of q and k by their positions; interleaved and half-split pairs",
-        rope, rope.rope_attention, ad.rope_check, ad.no_terms, ad.distance,
-        lambda p: f"R{p['rotary_dim'] or p['d']}-{p['layout']}",
-        options=(Option("base", "frequency base"),
-                 Option("rotary_dim", "rotated features (even); default all"),
-                 Option("layout", "which features pair", ("half", "interleaved"))),
-        rotate=ad.rope_rotate,
+        rope, rope.rope_attention, ad.rope_check, ad.no_terms, ad.distance, _rope_label,
+        options=(Option("base", "frequency base", cli=True, parse=ad.parse_real),
+                 Option("rotary_dim", "rotated features (even); default all", cli=True),
+                 Option("layout", "which features pair", ("half", "interleaved")),
+                 Option("scaling", "frequency scaling: a mapping with 'rope_type' and its "
+                        "fields, as transformers' rope_parameters (JSON on the command line)",
+                        cli=True, parse=ad.parse_scaling),
+                 Option("angles", "angles exact ('float64') or as float32 computes them",
+                        rope_angles.ANGLES, cli=True)),
+        rotate=ad.rope_rotate, show=ad.rope_show,
         vjp=rope.rope_attention_vjp,
     ),
     Scheme(

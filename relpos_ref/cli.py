@@ -170,7 +170,7 @@ def _catalog_args(p: argparse.ArgumentParser) -> None:
                                help=f"{size.name} for {entry.name}: {size.meaning}")
         defaults = entry.option_defaults()
         for option in entry.options:
-            if not option.grid or option.name in taken:
+            if not option.flag or option.name in taken:
                 continue
             taken.add(option.name)
             default = defaults.get(option.name)
@@ -182,7 +182,20 @@ def _catalog_args(p: argparse.ArgumentParser) -> None:
                 p.add_argument(_flag(option.name), choices=option.choices, default=None,
                                help=text)
             else:
-                p.add_argument(_flag(option.name), type=_LARGE, default=None, help=text)
+                read = _LARGE if option.parse is None else _reader(option.parse)
+                p.add_argument(_flag(option.name), type=read, default=None, help=text)
+
+
+def _reader(parse: Any) -> Any:
+    # an option's own parser, its ValueError shown as argparse shows a bad value
+    def read(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    read.__name__ = getattr(parse, "__name__", "value")
+    return read
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -243,7 +256,7 @@ def _flags_of(view: str) -> tuple[str, ...]:
     if view in _CONVENTION_FLAGS:
         return _CONVENTION_FLAGS[view]
     entry = catalog.get(view)
-    own = (*(s.name for s in entry.sizes), *(o.name for o in entry.options if o.grid))
+    own = (*(s.name for s in entry.sizes), *(o.name for o in entry.options if o.flag))
     return own if entry.grid is not None else (*_ALIGNMENT, *own)
 
 
@@ -280,7 +293,7 @@ def _name_flags(message: str, view: str | None) -> str:
         entry = catalog.get(view)
         for size in entry.sizes:
             names[size.key] = names[size.name] = _flag(size.name)
-        names.update({o.name: _flag(o.name) for o in entry.options if o.grid})
+        names.update({o.name: _flag(o.name) for o in entry.options if o.flag})
     else:
         names.update({d: _flag(d) for d in _flags_of(view)} if view else {})
 
@@ -373,11 +386,11 @@ def _show_scheme(
         sizes[size.key] = value
     options = {}
     for option in entry.options:
-        value = getattr(args, option.name, None) if option.grid else None
+        value = getattr(args, option.name, None) if option.flag else None
         if value is not None:
             options[option.name] = value
     options = {**{o: v for o, v in entry.option_defaults().items()
-                  if any(x.name == o and x.grid for x in entry.options)}, **options}
+                  if any(x.name == o and x.flag for x in entry.options)}, **options}
     if entry.grid is not None:
         t_q = t_k = entry.grid(sizes)
         _check_shown(t_q, [s.name for s in entry.sizes], args)
@@ -398,6 +411,8 @@ def _show_scheme(
         if len(found) > 1:
             lines += ["", _CAPTIONS.get(name, name)]
         lines.append(format_matrix(shown))
+    if entry.show is not None:
+        lines += ["", *entry.show(t_q=t_q, t_k=t_k, q_offset=q_offset, options=options)]
     return "\n".join(lines)
 
 

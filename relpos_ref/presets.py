@@ -24,6 +24,7 @@ diagonal-future-to-past        general   rows future to past: reverse them (or p
 transformer-xl                 txl       ``r_net`` ``(h d, d_model)``: split heads, transpose
 xlnet                          txl       ``r`` ``(d_model, h, d)``: heads first; ``bi``: not causal
 hf-deberta-v2                  deberta   rows ``i - j + S``: reverse; ``(2S, h d)``: split heads
+hf-rope                        rope      no table: `rope_from_config` reads ``rope_parameters``
 =============================  ========  ==========================================================
 
 (``txl`` is ``transformer_xl``.)
@@ -45,8 +46,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _xp
+from ._rope_presets import rope_from_config
 
-__all__ = ["PRESETS", "Preset", "bert_key_query"]
+__all__ = ["PRESETS", "Preset", "bert_key_query", "rope_from_config"]
 
 
 def _identity(table: Any, **_: Any) -> Any:
@@ -381,6 +383,23 @@ PRESETS: Mapping[str, Preset] = {
             "ours is exact.",
             "peer test (tests/test_peers.py) against transformers, buckets and attention",
             _deberta,
+        ),
+        Preset(
+            "hf-rope",
+            "transformers 5 modeling_rope_utils (ROPE_INIT_FUNCTIONS) with the models' "
+            "RotaryEmbedding and apply_rotary_pos_emb",
+            "rope",
+            {"layout": "half"},
+            "rope_from_config(config.rope_parameters, head_dim=..., max_position_embeddings=...) "
+            "gives base, rotary_dim, layout and scaling for every rope_type (default, linear, "
+            "dynamic, yarn, longrope, llama3, proportional); rotate_half pairs c and c + R/2 "
+            "(layout 'half'; DeepSeek's rope_interleave: 'interleaved'); cos and sin carry the "
+            "attention factor; DeepSeek-V2/V3 also scale the softmax by mscale**2 "
+            "(softmax_mscale=True). transformers computes the angles in float32 "
+            "(angles='float32' reproduces that arithmetic) and, for dynamic, the base from "
+            "each call's length (policy 'per_call'), keeping cached keys at their old base.",
+            "peer test (tests/test_peers_rope.py) against transformers' rotary embeddings, "
+            "cos/sin and rotated q/k",
         ),
     )
 }

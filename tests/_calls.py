@@ -29,6 +29,34 @@ def draw_mask(draw, rng, t_q, t_k):
     return rng.random((1, t_k)) < 0.7
 
 
+def rope_scalings(pairs: int, trained: int = 4) -> list[dict | None]:
+    """One scaling of each rope_type for `pairs` rotated pairs, switching at length `trained`.
+
+    Small trained lengths, so that the calls of a few tokens cross them: the
+    length-dependent rules (dynamic, longrope per call) change within a draw.
+    """
+    return [
+        None,
+        {"rope_type": "linear", "factor": 3.0},
+        {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": trained},
+        {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": trained,
+         "policy": "fixed"},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4 * trained,
+         "beta_fast": 2.0, "beta_slow": 0.5},
+        {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": trained,
+         "mscale": 0.7, "mscale_all_dim": 1.0, "softmax_mscale": True, "truncate": False},
+        {"rope_type": "longrope", "short_factor": [1.0, 1.5][:pairs],
+         "long_factor": [2.0, 5.0][:pairs], "original_max_position_embeddings": trained,
+         "max_position_embeddings": 4 * trained},
+        {"rope_type": "longrope", "short_factor": [1.0, 1.5][:pairs],
+         "long_factor": [2.0, 5.0][:pairs], "original_max_position_embeddings": trained,
+         "factor": 4.0, "max_position_embeddings": 4 * trained, "policy": "fixed"},
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 16},
+        {"rope_type": "proportional", "partial_rotary_factor": 0.5},
+    ]
+
+
 def _lengths(draw, scheme, longest=9):
     """t_q, t_k (up to `longest`), q_offset and the scheme's sizes and options."""
     t_q, t_k = draw(st.integers(0, longest)), draw(st.integers(0, longest))
@@ -67,6 +95,12 @@ def _lengths(draw, scheme, longest=9):
     elif scheme == "rope":
         options["layout"] = draw(st.sampled_from(["half", "interleaved"]))
         options["rotary_dim"] = draw(st.sampled_from([None, 2]))
+        pairs = 2 if options["rotary_dim"] is None else 1  # d = 4
+        scaling = draw(st.sampled_from(rope_scalings(pairs)))
+        if scaling is not None:
+            options["scaling"] = scaling
+        if draw(st.booleans()):
+            options["angles"] = draw(st.sampled_from(["float64", "float32"]))
     elif scheme == "transformer_xl":
         sizes["d_model"] = draw(st.sampled_from([2, 6]))
         options["clamp_len"] = draw(st.sampled_from([None, 0, 2]))

@@ -343,6 +343,129 @@ def rope_rotate(x: np.ndarray, offset: int, base: float, rotary_dim: int, layout
     return out
 
 
+#: The fields each rope_type defaults (transformers' defaults, and ours for the policies).
+ROPE_FIELD_DEFAULTS = {
+    "dynamic": {"policy": "per_call", "max_position_embeddings": None},
+    "yarn": {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, "mscale": None,
+             "mscale_all_dim": None, "attention_factor": None, "softmax_mscale": False},
+    "longrope": {"factor": None, "max_position_embeddings": None, "attention_factor": None,
+                 "policy": "per_call"},
+    "proportional": {"partial_rotary_factor": 1.0, "factor": 1.0},
+}
+
+
+def rope_complete(scaling: dict | None) -> dict | None:
+    """`scaling` with the fields it leaves out at their defaults."""
+    if scaling is None:
+        return None
+    return {**ROPE_FIELD_DEFAULTS.get(scaling["rope_type"], {}), **scaling}
+
+
+def rope_scaled_thetas(rotary_dim: int, base: float, scaling: dict | None,
+                       length: int) -> list[float]:
+    """theta'_c of each rope_type, pair by pair, from the formulas of docs/schemes/rope.md.
+
+    `scaling` holds every field (no defaults here); `length` is the call's
+    largest position + 1.
+    """
+    kind = "default" if scaling is None else scaling["rope_type"]
+    n = rotary_dim // 2
+    s = {} if scaling is None else scaling
+    if kind == "dynamic" and rotary_dim > 2:
+        l0, factor = s["original_max_position_embeddings"], s["factor"]
+        fixed = s["max_position_embeddings"] or factor * l0  # vLLM: factor times L0
+        span = fixed if s["policy"] == "fixed" else length
+        if span < l0:
+            span = l0
+        base = base * (factor * span / l0 - factor + 1) ** (rotary_dim / (rotary_dim - 2))
+    out = []
+    for c in range(n):
+        theta = 1.0 / base ** (2.0 * c / rotary_dim)
+        if kind == "linear":
+            theta = theta / s["factor"]
+        elif kind == "yarn":
+            l0 = s["original_max_position_embeddings"]
+            # the pair index at which a wavelength fits `turns` times in L0
+            lo = rotary_dim * math.log(l0 / (2 * math.pi * s["beta_fast"])) / (2 * math.log(base))
+            hi = rotary_dim * math.log(l0 / (2 * math.pi * s["beta_slow"])) / (2 * math.log(base))
+            if s["truncate"]:
+                lo, hi = math.floor(lo), math.ceil(hi)
+            lo, hi = max(lo, 0), min(hi, rotary_dim - 1)
+            if hi == lo:
+                hi = hi + 0.001
+            ramp = (c - lo) / (hi - lo)
+            ramp = 0.0 if ramp < 0 else 1.0 if ramp > 1 else ramp
+            theta = (1 - ramp) * theta + ramp * theta / s["factor"]
+        elif kind == "longrope":
+            l0 = s["original_max_position_embeddings"]
+            span = length if s["policy"] == "per_call" else s["max_position_embeddings"]
+            theta = theta / (s["long_factor"] if span > l0 else s["short_factor"])[c]
+        elif kind == "llama3":
+            l0 = s["original_max_position_embeddings"]
+            wavelength = 2 * math.pi / theta
+            if wavelength > l0 / s["low_freq_factor"]:
+                theta = theta / s["factor"]
+            elif wavelength >= l0 / s["high_freq_factor"]:
+                w = (l0 / wavelength - s["low_freq_factor"]) / (
+                    s["high_freq_factor"] - s["low_freq_factor"])
+                theta = w * theta + (1 - w) * theta / s["factor"]
+        elif kind == "proportional":
+            kept = math.floor(s["partial_rotary_factor"] * rotary_dim / 2)
+            theta = theta / s["factor"] if c < kept else 0.0
+        out.append(theta)
+    return out
+
+
+def rope_float32_thetas(rotary_dim: int, base: float) -> list[float]:
+    """The float32 frequencies most code forms: 1 / base ** (2c / R), each step in float32."""
+    out = []
+    for c in range(rotary_dim // 2):
+        exponent = np.float32(np.float32(2 * c) / np.float32(rotary_dim))
+        power = np.float32(float(np.float32(base)) ** float(exponent))  # correctly rounded
+        out.append(float(np.float32(np.float32(1.0) / power)))
+    return out
+
+
+def rope_attention_factor(scaling: dict | None) -> float:
+    """YaRN's 0.1 ln s + 1 (or the mscale ratio), LongRoPE's sqrt(1 + ln s / ln L0), else 1."""
+    if scaling is None or scaling["rope_type"] not in ("yarn", "longrope"):
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return scaling["attention_factor"]
+
+    def m(s, k):
+        return 1.0 if s <= 1 else 0.1 * k * math.log(s) + 1.0
+
+    if scaling["rope_type"] == "yarn":
+        if scaling["mscale"] and scaling["mscale_all_dim"]:
+            return m(scaling["factor"], scaling["mscale"]) / m(scaling["factor"],
+                                                               scaling["mscale_all_dim"])
+        return m(scaling["factor"], 1.0)
+    l0 = scaling["original_max_position_embeddings"]
+    s = scaling["factor"] or scaling["max_position_embeddings"] / l0
+    return 1.0 if s <= 1 else math.sqrt(1 + math.log(s) / math.log(l0))
+
+
+def rope_rotate_thetas(x: np.ndarray, offset: int, thetas: list[float], layout: str,
+                       factor: float = 1.0, angles: str = "float64") -> np.ndarray:
+    """Pairs as complex numbers times factor e^{i phi}, phi = p theta_c (float32: rounded)."""
+    x = np.asarray(x, dtype=np.float64)
+    out = x.copy()
+    half = len(thetas)
+    for idx in np.ndindex(x.shape[:-1]):
+        p = offset + idx[-1]
+        for c in range(half):
+            if angles == "float32":
+                phi = float(np.float32(np.float32(p) * np.float32(thetas[c])))
+            else:
+                phi = p * thetas[c]
+            a_i, b_i = (2 * c, 2 * c + 1) if layout == "interleaved" else (c, c + half)
+            z = complex(x[(*idx, a_i)], x[(*idx, b_i)]) * factor * complex(
+                math.cos(phi), math.sin(phi))
+            out[(*idx, a_i)], out[(*idx, b_i)] = z.real, z.imag
+    return out
+
+
 def sinusoid(delta: int, d_model: int, base: float = 10000.0) -> np.ndarray:
     """Transformer-XL's R_delta: sin(delta w_c) for c < d_model/2, then cos(delta w_c)."""
     half = d_model // 2

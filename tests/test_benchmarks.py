@@ -29,7 +29,8 @@ def test_benchmark_suite_runs_and_writes_its_json(bench, tmp_path, capsys):
                        "--t-unblocked", "128", "--out", str(tmp_path)])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "targets (issues 7, 14 and 16)" in printed and "vs plain" in printed
+    assert "targets (issues 7, 14, 16 and 28)" in printed and "vs plain" in printed
+    assert "RoPE's scalings against plain RoPE" in printed
     assert "throughput >= 50% of unblocked t=128" in printed
     assert "backward pass (the public VJP)" in printed
     (path,) = tmp_path.glob("*-numpy-float32.json")
@@ -41,6 +42,11 @@ def test_benchmark_suite_runs_and_writes_its_json(bench, tmp_path, capsys):
                for row in report["methods"])
     assert report["machine"]["backend"] == "numpy" and report["versions"]["numpy"]
     assert {t["target"].split()[0] for t in report["targets"]} >= {"general", "shaw", "blocked"}
+    variants = {row["variant"] for row in report["rope"]}
+    assert variants == {"linear", "dynamic", "yarn", "yarn-deepseek", "longrope", "llama3",
+                        "proportional", "float32-angles"}
+    assert all(row["ratio_to_rope"] > 0 for row in report["rope"])
+    assert sum(t["target"].endswith("<= 1.1x plain rope") for t in report["targets"]) == 7
     assert {row["scheme"].split()[0] for row in report["backward"]} == schemes
     assert all(row["seconds"] > 0 and row["ratio_to_forward"] > 0 for row in report["backward"])
     assert "sdpa" not in report  # torch only

@@ -104,3 +104,19 @@ def test_show_every_scheme_layout(capsys):
     assert "row_table of 3 rows (2 height - 1), col_table of 1 rows (2 width - 1)" in out
     code, _, err = _run(capsys, "show", "general", "--tq", "4", "--tk", "5", "--t-max", "4")
     assert code == 2 and "exceeds the table's maximum length t_max = 4" in err
+
+
+def test_show_rope_prints_each_pairs_frequency_and_the_factors(capsys):
+    scaling = ('{"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 16, '
+               '"mscale": 1, "mscale_all_dim": 1, "softmax_mscale": true}')
+    assert main(["show", "rope", "--tq", "2", "--tk", "3", "--rotary-dim", "4", "--base",
+                 "100", "--scaling", scaling, "--angles", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "frequencies of rope_type 'yarn' factor=4.0" in out
+    assert "rotary_dim=4 base=100.0 call length L=3" in out
+    assert "     0            1            1         1" in out  # the fastest pair is kept
+    assert "attention factor a = 1: cos and sin times a" in out  # mscale / mscale_all_dim
+    assert "softmax scale times mscale^2 = 1.296476993 (DeepSeek)" in out
+    assert "angles float32: fl32(fl32(p) * fl32(scaled))" in out
+    assert main(["show", "rope"]) == 0  # no scaling: the frequencies, unchanged
+    assert "frequencies of rope_type 'default'" in capsys.readouterr().out

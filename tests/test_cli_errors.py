@@ -76,6 +76,20 @@ SHOW_BAD = [
     (["show", "grid2d", "--end-aligned"], "--end-aligned does not apply to `show grid2d`"),
     (["show", "shaw", "--length", "3"], "--length does not apply to `show shaw`"),
     (["show", "alibi", "--max-distance", "3"], "--max-distance does not apply to `show alibi`"),
+    # RoPE's scaling: JSON, checked field by field
+    (["show", "rope", "--scaling", "yarn"], "argument --scaling: `scaling` must be a JSON "
+                                            "object, got 'yarn'"),
+    (["show", "rope", "--scaling", '{"rope_type": "linear"}'],
+     "argument --scaling: `scaling` of rope_type 'linear' needs `scaling[\"factor\"]`"),
+    (["show", "rope", "--angles", "float16"], "argument --angles: invalid choice: 'float16'"),
+    (["show", "rope", "--base", "ten"], "argument --base: expected a finite number, got 'ten'"),
+    (["show", "rope", "--base", "inf"], "argument --base: expected a finite number, got 'inf'"),
+    (["show", "rope", "--rotary-dim", "3"], "--rotary-dim must be even and >= 0, got 3"),
+    (["show", "rope", "--base", "0"], "--base must be > 0, got 0.0"),
+    (["show", "rope", "--rotary-dim", "4", "--scaling",
+      '{"rope_type": "longrope", "short_factor": [1], "long_factor": [1], '
+      '"original_max_position_embeddings": 8, "factor": 2}'],
+     '`scaling["short_factor"]` must have rotary_dim / 2 = 2 entries, got 1'),
 ]
 
 

@@ -30,7 +30,7 @@ XP_FUNCTIONS = sorted(
     if callable(getattr(rp, name)) and not isinstance(getattr(rp, name), type)
     and "xp" in inspect.signature(getattr(rp, name)).parameters
 )
-SIZES = {"span": 4, "max_distance": 2, "t_max": 4, "length": 3}
+SIZES = {"span": 4, "max_distance": 2, "t_max": 4, "length": 3, "rotary_dim": 4}
 NAMESPACE = "`xp` must be an array API namespace (array_api_strict, numpy, torch, ...), got "
 
 
@@ -46,12 +46,14 @@ def exactly(message: str) -> str:
 def test_a_missing_namespace_is_named(name, given, shown):
     function = getattr(rp, name)
     parameters = inspect.signature(function).parameters
+    sizes = [3, 4][:sum(p.kind is p.POSITIONAL_ONLY for p in parameters.values())]
     with pytest.raises(TypeError, match=exactly(NAMESPACE + shown)):
-        function(3, 4, xp=given, **{k: v for k, v in SIZES.items() if k in parameters})
+        function(*sizes, xp=given, **{k: v for k, v in SIZES.items() if k in parameters})
 
 
 def test_the_namespace_check_covers_every_function_that_takes_xp():
-    assert len(XP_FUNCTIONS) == 11 and "relative_positions" in XP_FUNCTIONS
+    assert len(XP_FUNCTIONS) == 12 and "relative_positions" in XP_FUNCTIONS
+    assert "rope_cos_sin" in XP_FUNCTIONS
 
 
 def test_masked_softmax_refuses_integer_logits_by_name(backend):

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 import relpos_ref as rp
-from relpos_ref.presets import PRESETS, bert_key_query
+from relpos_ref.presets import PRESETS, bert_key_query, rope_from_config
 
 RNG = np.random.default_rng(7)
 
 
 def test_every_preset_names_a_scheme_and_how_it_is_verified():
     schemes = {"shaw", "music", "general", "t5", "alibi", "grid2d", "swin", "transformer_xl",
-               "deberta"}
+               "deberta", "rope"}
     for preset in PRESETS.values():
         assert preset.scheme in schemes and preset.notes and preset.verified_by
         assert preset.name in PRESETS and preset.implementation
@@ -148,3 +148,57 @@ def test_transformer_xl_original_code(qlen, mem_len, clamp_len):
     )
     np.testing.assert_allclose(out, theirs.transpose(1, 0, 2), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(w, prob.transpose(2, 0, 1), rtol=1e-12, atol=1e-12)
+
+
+# -- RoPE from a transformers config (the peer tests: tests/test_peers_rope.py) --------------
+
+
+@pytest.mark.parametrize(("params", "kwargs", "want"), [
+    (None, {}, {"base": 10000.0, "rotary_dim": 64, "scaling": None}),
+    ({"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}, {},
+     {"base": 1e6, "rotary_dim": 16, "scaling": None}),
+    ({"type": "linear", "factor": 2.0}, {"rope_theta": 500.0, "partial_rotary_factor": 0.5},
+     {"base": 500.0, "rotary_dim": 32, "scaling": {"rope_type": "linear", "factor": 2.0}}),
+    ({"rope_type": "dynamic", "factor": 4.0}, {"max_position_embeddings": 2048,
+                                               "policy": "fixed"},
+     {"scaling": {"rope_type": "dynamic", "factor": 4.0,
+                  "original_max_position_embeddings": 2048, "policy": "fixed"}}),
+    ({"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 4096,
+      "beta_fast": None, "mscale": 1.0, "mscale_all_dim": 1.0},
+     {"max_position_embeddings": 163840, "softmax_mscale": True, "layout": "interleaved"},
+     {"layout": "interleaved",
+      "scaling": {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                  "beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, "mscale": 1.0,
+                  "mscale_all_dim": 1.0, "attention_factor": None, "softmax_mscale": True}}),
+    ({"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}, {},
+     {"rotary_dim": 64, "scaling": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                    "factor": 1.0}}),
+    ({"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 32},
+     {"max_position_embeddings": 131072},
+     {"scaling": {"rope_type": "longrope", "short_factor": [1.0] * 32,
+                  "long_factor": [2.0] * 32, "original_max_position_embeddings": 131072,
+                  "factor": None, "attention_factor": None, "max_position_embeddings": 131072,
+                  "policy": "per_call"}}),
+])
+def test_rope_from_config_reads_rope_parameters(params, kwargs, want):
+    got = rope_from_config(params, head_dim=64, **kwargs)
+    for key, value in want.items():
+        assert got[key] == value, key
+    q = np.ones((3, 64))
+    rp.rope_attention(q, q, q, **got)  # the arguments are accepted as they are
+
+
+@pytest.mark.parametrize(("params", "kwargs", "match"), [
+    ({"rope_type": "dynamic", "factor": 2.0}, {}, "rope_type 'dynamic' needs "
+                                                 "`max_position_embeddings`"),
+    ({"rope_type": "mrope", "mrope_section": [16, 24, 24]}, {}, "M-RoPE"),
+    ({"rope_type": "linear", "factor": 2.0, "beta_fast": 3}, {},
+     "has field.s. beta_fast that it does not read"),
+    ({"rope_type": "ntk"}, {}, r"`rope_parameters\['rope_type'\]` must be one of"),
+    ({"rope_type": "linear"}, {}, "rope_type 'linear' needs `factor`"),
+    (None, {"head_dim": 0}, "`head_dim` must be >= 1"),
+    (None, {"policy": "sometimes"}, "`policy` must be one of"),
+])
+def test_rope_from_config_names_what_is_wrong(params, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        rope_from_config(params, **{"head_dim": 64, **kwargs})

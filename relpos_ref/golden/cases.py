@@ -405,6 +405,67 @@ def _base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
                                       "q_offset": 6, "causal": True}),
         ("rope", "interleaved", {"h": 2, "t_q": 9, "t_k": 9, "d": 8, "layout": "interleaved",
                                  "base": 100.0}),
+        # rope frequency scaling, one case per rope_type (transformers 5's names and fields)
+        ("rope", "linear", {"h": 2, "t_q": 6, "t_k": 10, "d": 8, "q_offset": 4, "causal": True,
+                            "scaling": {"rope_type": "linear", "factor": 4.0}}),
+        # dynamic NTK past its trained length 16: per call (transformers), a decode step of
+        # 24 keys, and fixed for the deployment (vLLM: the length factor * 16)
+        ("rope", "dynamic-decode", {"h": 2, "t_q": 1, "t_k": 24, "d": 8, "q_offset": 23,
+                                    "causal": True, "base": 1000.0,
+                                    "scaling": {"rope_type": "dynamic", "factor": 2.0,
+                                                "original_max_position_embeddings": 16}}),
+        ("rope", "dynamic-fixed", {"h": 2, "t_q": 8, "t_k": 8, "d": 8, "base": 1000.0,
+                                   "scaling": {"rope_type": "dynamic", "factor": 2.0,
+                                               "original_max_position_embeddings": 16,
+                                               "policy": "fixed"}}),
+        ("rope", "yarn", {"h": 2, "t_q": 5, "t_k": 12, "d": 16, "q_offset": 7, "causal": True,
+                          "base": 100.0,
+                          "scaling": {"rope_type": "yarn", "factor": 8.0,
+                                      "original_max_position_embeddings": 64}}),
+        # DeepSeek-V3: the mscale ratio on cos/sin, mscale**2 on the softmax scale, the
+        # interleaved pairs, a rotated part narrower than the head
+        ("rope", "yarn-deepseek", {"h": 2, "t_q": 6, "t_k": 6, "d": 16, "rotary_dim": 8,
+                                   "layout": "interleaved", "base": 100.0, "causal": True,
+                                   "scaling": {"rope_type": "yarn", "factor": 40.0,
+                                               "original_max_position_embeddings": 64,
+                                               "mscale": 0.707, "mscale_all_dim": 1.0,
+                                               "softmax_mscale": True}}),
+        # LongRoPE: a call of 12 positions reads the long factors (trained 8), one of 8 the
+        # short ones; fixed for a deployment of 32 positions: the long ones at any length
+        ("rope", "longrope-long", {"h": 2, "t_q": 4, "t_k": 12, "d": 8, "q_offset": 8,
+                                   "causal": True, "base": 100.0,
+                                   "scaling": {"rope_type": "longrope",
+                                               "short_factor": [1.0, 1.2, 1.5, 2.0],
+                                               "long_factor": [1.0, 3.0, 8.0, 16.0],
+                                               "original_max_position_embeddings": 8,
+                                               "max_position_embeddings": 32}}),
+        ("rope", "longrope-short", {"h": 2, "t_q": 8, "t_k": 8, "d": 8, "base": 100.0,
+                                    "scaling": {"rope_type": "longrope",
+                                                "short_factor": [1.0, 1.2, 1.5, 2.0],
+                                                "long_factor": [1.0, 3.0, 8.0, 16.0],
+                                                "original_max_position_embeddings": 8,
+                                                "max_position_embeddings": 32}}),
+        ("rope", "longrope-fixed", {"h": 2, "t_q": 8, "t_k": 8, "d": 8, "base": 100.0,
+                                    "scaling": {"rope_type": "longrope",
+                                                "short_factor": [1.0, 1.2, 1.5, 2.0],
+                                                "long_factor": [1.0, 3.0, 8.0, 16.0],
+                                                "original_max_position_embeddings": 8,
+                                                "max_position_embeddings": 32,
+                                                "policy": "fixed"}}),
+        ("rope", "llama3", {"h": 2, "t_q": 5, "t_k": 12, "d": 16, "q_offset": 7,
+                            "causal": True, "base": 100.0,
+                            "scaling": {"rope_type": "llama3", "factor": 8.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 64}}),
+        # Gemma 4: the full head's exponent, a quarter of the pairs turning
+        ("rope", "proportional", {"h": 2, "t_q": 6, "t_k": 6, "d": 16, "causal": True,
+                                  "scaling": {"rope_type": "proportional",
+                                              "partial_rotary_factor": 0.25}}),
+        # exact angles against float32 ones: past 65536 and near 2**20, each in both modes
+        *(("rope", variant, {"h": 2, "t_q": 4, "t_k": 8, "d": 16, "q_offset": offset,
+                             "angles": angles})
+          for variant, offset in (("past-65536", 131068), ("near-1m", 2**20 - 4))
+          for angles in ("float64", "float32")),
         # transformer_xl: a memory before the segment, causal, through rel_shift
         ("transformer_xl", "memory", {"h": 2, "t_q": 6, "t_k": 16, "d": 8, "q_offset": 10,
                                       "per_head": True}),
@@ -429,7 +490,7 @@ def default_cases() -> CaseRegistry:
     --------
     >>> reg = default_cases()
     >>> len(reg), len({c.scheme for c in reg})
-    (160, 12)
+    (216, 12)
     >>> sorted({c.scheme for c in reg})[:6]
     ['absolute', 'alibi', 'bias', 'deberta', 'general', 'grid2d']
     """

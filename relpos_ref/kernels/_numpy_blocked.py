@@ -49,11 +49,13 @@ def blocked_kernels(forward: Mapping[str, Callable[..., Any]]) -> dict[str, Call
     >>> sorted(set(KERNELS) - set(blocked_kernels(KERNELS)))
     ['grid2d', 'swin']
     """
-    return {name: _blocked_kernel(name, kernel) for name, kernel in forward.items()
+    return {name: _blocked_kernel(name, kernel, forward.get("plain"))
+            for name, kernel in forward.items()
             if "q_offset" in inspect.signature(catalog.get(name).attention).parameters}
 
 
-def _blocked_kernel(name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
+def _blocked_kernel(name: str, forward: Callable[..., Any],
+                    plain: Callable[..., Any] | None = None) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         arguments = blocked_arguments(args, kwargs, scheme=name)
         if arguments is None:
@@ -69,10 +71,17 @@ def _blocked_kernel(name: str, forward: Callable[..., Any]) -> Callable[..., Any
                 bool(np.isfinite(a).all()) for a in arrays if a.dtype.kind == "f"):
             return NotImplemented
 
+        tile_kernel = forward
+        if checked.entry.rotate is not None and plain is not None:
+            # RoPE: q and k rotated once, for the whole call (its length and scale: a
+            # tile's own would differ), then plain attention tile by tile
+            q, k = checked.entry.rotate(q, k, q_offset=call.q_offset, options=checked.options)
+            tile_kernel, tables, params = plain, (), {}
+
         def attend(i0: int, i1: int, j1: int) -> Any:
-            return forward(q[..., i0:i1, :], k[..., :j1, :], v[..., :j1, :], *tables,
-                           scale=call.scale, mask=mask_tile(mask, i0, i1, 0, j1),
-                           causal=call.causal, q_offset=call.q_offset + i0, **params)
+            return tile_kernel(q[..., i0:i1, :], k[..., :j1, :], v[..., :j1, :], *tables,
+                               scale=call.scale, mask=mask_tile(mask, i0, i1, 0, j1),
+                               causal=call.causal, q_offset=call.q_offset + i0, **params)
 
         return blocked_rows(checked, q, v, name=name, lean=False, attend=attend)
 

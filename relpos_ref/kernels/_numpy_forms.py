@@ -59,10 +59,11 @@ def form_kernel(name: str, attend: Callable[..., Any]) -> Callable[..., Any]:
         form = lower(name, q, k, v, *tables, **given)
         call = form.call
         return_weights = check_bool("return_weights", return_weights)
-        bound = {n: a for n, a in arrays.items() if n not in ("q", "k", "v", "mask", "bias")}
-        if not bounded(name, call, q, k, **bound):
-            return NotImplemented
         position, bias = form.dense
+        # the logits' bound from the operands the kernel multiplies (RoPE's attention factor
+        # scales its rotated ones, absolute embeddings join the keys); biases need none
+        if not bounded("plain", call, form.q, form.k, position=position):
+            return NotImplemented
         for term in form.biases:  # one row per distance, laid out as the grid's view
             row = bias_by_difference(term)
             if call.t_q and call.t_k:

@@ -463,24 +463,21 @@ def absolute_attention_vjp(
 
 @_register("rope")
 def rope_attention_vjp(
-    q, k, v, /, *, d_output, base=10000.0, rotary_dim=None, layout="half", scale=None,
-    mask=None, causal=None, q_offset=None,
+    q, k, v, /, *, d_output, scale=None, mask=None, causal=None, q_offset=None, **rotation,
 ):
-    if not _ndarrays(q, k, v, d_output, mask):
-        return NotImplemented
-    call = rope.rope_call(
-        q, k, v, base=base, rotary_dim=rotary_dim, layout=layout, scale=scale, mask=mask,
-        causal=causal, q_offset=q_offset,
-    )
+    # `rotation`: base, rotary_dim, layout, scaling, angles (checked by rope_call); the
+    # rotated operands are bounded, whatever their attention factor
+    if not _ndarrays(q, k, v, d_output, mask) or not set(rotation) <= set(rope.ROTATION):
+        return NotImplemented  # an unknown keyword: the specification names it
+    call = rope.rope_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
+                          **rotation)
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    if not _covered("rope", q, call, mask, k, v, d_output):
+    q_rot, k_rot = rope.rope_pair(q, k, call, **rotation)
+    if not _covered("plain", q_rot, call, mask, k_rot, v, d_output):
         return NotImplemented
-    opts = {"base": base, "rotary_dim": rotary_dim, "layout": layout}
-    q_rot = rope.rope_rotate(q, offset=call.q_offset, **opts)
-    k_rot = rope.rope_rotate(k, offset=0, **opts)
     core = backward(q_rot, k_rot, v, d_output, call, mask=mask)
-    dq = rope.rope_rotate(sum_to(core.dq, q.shape), offset=call.q_offset, inverse=True, **opts)
-    dk = rope.rope_rotate(sum_to(core.dk, k.shape), offset=0, inverse=True, **opts)
+    dq, dk = rope.rope_pair(sum_to(core.dq, q.shape), sum_to(core.dk, k.shape), call,
+                            inverse=True, **rotation)
     return {"q": dq, "k": dk, "v": sum_to(core.dv, v.shape)}
 
 

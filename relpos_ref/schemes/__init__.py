@@ -37,7 +37,13 @@ from .general import (
 )
 from .grid2d import grid2d_attention, grid2d_attention_vjp, grid2d_index, grid2d_logits
 from .music import music_attention, music_attention_vjp, music_index, music_logits, music_values
-from .rope import rope_attention, rope_attention_vjp, rope_frequencies, rope_rotate
+from .rope import (
+    rope_attention,
+    rope_attention_vjp,
+    rope_cos_sin,
+    rope_frequencies,
+    rope_rotate,
+)
 from .shaw import shaw_attention, shaw_attention_vjp, shaw_index, shaw_logits, shaw_values
 from .swin import swin_attention, swin_attention_vjp, swin_bias, swin_index
 from .t5 import t5_attention, t5_attention_vjp, t5_bias, t5_bucket, t5_bucket_boundaries
@@ -85,6 +91,7 @@ __all__ = [
     "music_values",
     "rope_attention",
     "rope_attention_vjp",
+    "rope_cos_sin",
     "rope_frequencies",
     "rope_rotate",
     "shaw_attention",

@@ -24,16 +24,22 @@ in float32 the position ``2**24 + 1`` would be ``2**24``, and ``p θ`` would
 carry the rounding of ``θ`` times ``p``. Positions beyond ``2**53`` (or, on
 a device without float64, beyond what the dtype holds exactly: ``2**24`` in
 float32) are refused (`relpos_ref._exact`).
+
+Frequency scaling (``scaling``: linear, dynamic NTK, YaRN, LongRoPE, Llama 3,
+proportional) changes ``θ_c`` and may multiply the cosines and sines by an
+attention factor (`relpos_ref.schemes.rope_scaling`); ``angles="float32"``
+forms the angles as float32 arithmetic does (`relpos_ref.schemes.rope_angles`).
+Both reach every fast path through `rope_rotate`, which the kernels and the
+distance form (`relpos_ref.lowering`) call.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from typing import Any
 
 from .. import _xp
-from .._exact import float_dtype
-from .._validate import as_float, as_int, check_bool, check_choice
+from .._validate import as_int, check_bool, check_choice, nonnegative_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 from ..gradients import (
@@ -42,15 +48,29 @@ from ..gradients import (
     forward,
     sum_to_shape,
 )
+from .rope_angles import (
+    ANGLES,
+    angle_dtype,
+    cos_sin,
+    frequencies,
+    rope_cos_sin,
+    rope_frequencies,
+    rotary_width,
+)
+from .rope_scaling import attention_factor, call_length, check_scaling, softmax_factor
 
 __all__ = [
+    "ANGLES",
     "DEFAULTS",
     "ROPE_LAYOUTS",
+    "ROTATION",
     "angle_dtype",
     "rope_attention",
     "rope_attention_vjp",
     "rope_call",
+    "rope_cos_sin",
     "rope_frequencies",
+    "rope_pair",
     "rope_rotate",
 ]
 
@@ -59,43 +79,8 @@ DEFAULTS = PLAIN
 
 ROPE_LAYOUTS = ("half", "interleaved")
 
-
-def _rotary_dim(d: int, rotary_dim: int | None) -> int:
-    if rotary_dim is None:
-        rotary_dim = d
-    rotary_dim = as_int("rotary_dim", rotary_dim)
-    if rotary_dim < 0 or rotary_dim % 2 or rotary_dim > d:
-        msg = f"`rotary_dim` must be even and in 0 .. {d} (the feature width), got {rotary_dim}"
-        raise ValueError(msg)
-    return rotary_dim
-
-
-def rope_frequencies(rotary_dim: int, /, *, base: float = 10000.0) -> tuple[float, ...]:
-    r"""Angular frequencies :math:`\theta_c = \text{base}^{-2c / \text{rotary\_dim}}` (host floats).
-
-    Parameters
-    ----------
-    rotary_dim : int
-        Number of rotated features, even.
-    base : float, optional
-        ``> 0``; 10000 in the paper.
-
-    Returns
-    -------
-    tuple of float
-        ``rotary_dim / 2`` frequencies, ``θ_0 = 1`` first.
-
-    Examples
-    --------
-    >>> rope_frequencies(4, base=100.0)
-    (1.0, 0.1)
-    """
-    rotary_dim = _rotary_dim(rotary_dim, rotary_dim)
-    base = as_float("base", base)
-    if not base > 0:
-        msg = f"`base` must be > 0, got {base}"
-        raise ValueError(msg)
-    return tuple(base ** (-2.0 * c / rotary_dim) for c in range(rotary_dim // 2))
+#: `rope_attention`'s options that `rope_rotate` takes too: what the kernels pass on.
+ROTATION = ("base", "rotary_dim", "layout", "scaling", "angles")
 
 
 @computes_in_float32
@@ -107,9 +92,20 @@ def rope_rotate(
     base: float = 10000.0,
     rotary_dim: int | None = None,
     layout: str = "half",
+    scaling: Mapping[str, Any] | None = None,
+    angles: str = "float64",
+    length: int | None = None,
     inverse: bool = False,
 ) -> Any:
-    """Rotate each row of `x` by its position ``offset + t`` (by minus it, if `inverse`).
+    r"""Rotate each row of `x` by its position ``offset + t`` (`inverse`: the transpose).
+
+    .. math:: (x_a, x_b) \mapsto a\,(x_a \cos\varphi - x_b \sin\varphi,\;
+              x_b \cos\varphi + x_a \sin\varphi), \qquad \varphi = (\text{offset} + t)\,\theta'_c
+
+    for each pair ``c`` of the first `rotary_dim` features; :math:`\theta'`
+    is `rope_frequencies` (scaled by `scaling`), :math:`a` the attention
+    factor of `scaling` (1 unless YaRN or LongRoPE). The other features pass
+    through, not multiplied by :math:`a`.
 
     Parameters
     ----------
@@ -122,9 +118,20 @@ def rope_rotate(
         Rotated features (even, ``<= d``); default all ``d``.
     layout : {"half", "interleaved"}, optional
         Which features form a pair.
+    scaling : mapping, optional
+        The frequency rule, named as transformers' ``rope_parameters``
+        (`relpos_ref.schemes.rope_scaling`): ``{"rope_type": "yarn",
+        "factor": 4.0, "original_max_position_embeddings": 4096}``, say.
+    angles : {"float64", "float32"}, optional
+        Exact angles (the golden), or the common float32 computation
+        (`relpos_ref.schemes.rope_angles`).
+    length : int, optional
+        The call's length (largest position + 1), for the rules that read it
+        (``dynamic``, ``longrope`` per call); default ``offset + t``.
+        `rope_attention` passes the length of the whole call to both rotations.
     inverse : bool, optional
-        Turn the other way: ``R^T = R^{-1}``, the rotation's transpose (the
-        backward pass's).
+        Apply the transpose :math:`a R^\top` (the backward pass's): turn the
+        other way; the inverse when :math:`a = 1`.
 
     Returns
     -------
@@ -138,23 +145,27 @@ def rope_rotate(
     >>> rope_rotate(x, base=1.0)  # θ = 1: turn by 0 and 1 radian
     Array([[1.        , 0.        ],
            [0.54030231, 0.84147098]], dtype=array_api_strict.float64)
+    >>> rope_rotate(x, base=1.0, scaling={"rope_type": "linear", "factor": 2.0})[1, ...]  # θ = 1/2
+    Array([0.87758256, 0.47942554], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(x)
     _xp.check_floating(xp, "x", x)
     check_choice("layout", layout, ROPE_LAYOUTS)
+    check_choice("angles", angles, ANGLES)
     offset = as_int("offset", offset)
     if x.ndim < 2:
         msg = f"`x` must have shape (..., t, d), got shape {tuple(x.shape)}"
         raise ValueError(msg)
     *_, t, d = x.shape
-    rd = _rotary_dim(d, rotary_dim)
+    rd = rotary_width(d, rotary_dim)
+    length = max(offset + t, 0) if length is None else nonnegative_int("length", length)
+    freqs = frequencies(rd, base=base, scaling=scaling, length=length, angles=angles)
+    inverse = check_bool("inverse", inverse)
     if rd == 0:
         return xp.reshape(x, tuple(x.shape), copy=True)  # fresh, bit for bit, autograd-quiet
-    dev = _xp.device(x)
-    wide = angle_dtype(xp, x.dtype, dev, offset=offset, t=t, name="offset")
-    cos, sin = _turns(xp, wide, dev, offset, t, rope_frequencies(rd, base=base))
-    cos, sin = xp.astype(cos, x.dtype), xp.astype(sin, x.dtype)
-    if check_bool("inverse", inverse):
+    cos, sin = cos_sin(xp, x.dtype, _xp.device(x), offset=offset, t=t, freqs=freqs,
+                       angles=angles, factor=attention_factor(check_scaling(scaling)))
+    if inverse:
         sin = -sin
     half = rd // 2
     if layout == "half":
@@ -169,82 +180,71 @@ def rope_rotate(
     return xp.concat(parts, axis=-1) if len(parts) > 1 else parts[0]
 
 
-def _turns(xp: Any, wide: Any, dev: Any, offset: int, t: int,
-           freqs: tuple[float, ...]) -> tuple[Any, Any]:
-    # cos and sin of (offset + i) θ_c, (t, rd / 2), in `wide`: position offset + a B + b
-    # turns by (offset + a B) θ then b θ (the angle-addition formulas), so that only
-    # 2 (t / B + B) angles of the t rd / 2 are evaluated (float64 cosines cost 13 times
-    # float32's in NumPy), at an error of a few float64 roundings
-    block = max(1, math.isqrt(t))
-    blocks = -(-t // block)
-    idx = _xp.index_dtype(xp, dev)
-    theta = xp.asarray(freqs, dtype=wide, device=dev)[None, :]
-    start = xp.arange(blocks, dtype=idx, device=dev) * block + offset
-    coarse = xp.astype(start, wide)[:, None] * theta  # (blocks, rd / 2)
-    fine = xp.astype(xp.arange(block, dtype=idx, device=dev), wide)[:, None] * theta
-    c1, s1 = xp.cos(coarse)[:, None, :], xp.sin(coarse)[:, None, :]
-    c2, s2 = xp.cos(fine)[None, :, :], xp.sin(fine)[None, :, :]
-    shape = (blocks * block, len(freqs))
-    cos = xp.reshape(c1 * c2 - s1 * s2, shape)[:t, :]
-    sin = xp.reshape(s1 * c2 + c1 * s2, shape)[:t, :]
-    return cos, sin
-
-
-def angle_dtype(xp: Any, dtype: Any, device: Any, *, offset: int, t: int, name: str,
-                t_other: int = 0) -> Any:
-    """The dtype of the angles of positions ``offset .. offset + t - 1`` (and ``0 .. t_other - 1``).
-
-    float64 where `device` has it, else `dtype`; a `ValueError` naming `name`
-    where a position is beyond what that dtype holds exactly
-    (`relpos_ref._exact.float_dtype`).
-
-    Examples
-    --------
-    >>> import array_api_strict as xp
-    >>> angle_dtype(xp, xp.float32, None, offset=2**24, t=2, name="q_offset") == xp.float64
-    True
-    """
-    largest = max(abs(offset), abs(offset + t - 1), t_other - 1, 0) if t else max(t_other - 1, 0)
-
-    def allowed(limit: int) -> tuple[int, int]:  # offset >= -limit, offset + t - 1 <= limit
-        return -limit, limit - max(t - 1, 0)
-
-    return float_dtype(xp, dtype, device=device, largest=largest, name=name, value=offset,
-                       what="positions", allowed=allowed, angles=True)
-
-
 def rope_call(
     q: Any,
     k: Any,
     v: Any,
     /,
     *,
-    base: float,
-    rotary_dim: int | None,
-    layout: str,
-    scale: float | None,
-    mask: Any,
-    causal: bool | None,
-    q_offset: int | None,
+    base: float = 10000.0,
+    rotary_dim: int | None = None,
+    layout: str = "half",
+    scaling: Mapping[str, Any] | None = None,
+    angles: str = "float64",
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool | None = None,
+    q_offset: int | None = None,
 ) -> Call:
     """Validate a `rope_attention` call and resolve its defaults (shared with the kernels).
+
+    The call's scale is `scale` (default ``1/sqrt(d)``) times the softmax
+    factor of `scaling` (DeepSeek's ``mscale**2``; 1 for every other rule,
+    `relpos_ref.schemes.rope_scaling.softmax_factor`).
 
     Examples
     --------
     >>> import array_api_strict as xp
     >>> q = k = v = xp.zeros((3, 4))
-    >>> rope_call(q, k, v, base=10000.0, rotary_dim=None, layout="half", scale=None,
-    ...           mask=None, causal=None, q_offset=2).q_offset
+    >>> rope_call(q, k, v, q_offset=2).q_offset
     2
     """
     call = resolve_call(
         q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS
     )
     check_choice("layout", layout, ROPE_LAYOUTS)
-    rope_frequencies(_rotary_dim(q.shape[-1], rotary_dim), base=base)
+    check_choice("angles", angles, ANGLES)
+    rule = check_scaling(scaling)
+    length = call_length(call.t_q, call.t_k, call.q_offset)
+    rope_frequencies(rotary_width(q.shape[-1], rotary_dim), base=base, scaling=rule,
+                     length=length)
     angle_dtype(call.xp, q.dtype, _xp.device(q), offset=call.q_offset, t=call.t_q,
                 name="q_offset", t_other=call.t_k)
-    return call
+    factor = softmax_factor(rule)
+    return call if factor == 1.0 else call._replace(scale=call.scale * factor)
+
+
+def rope_pair(q: Any, k: Any, call: Call, /, *, inverse: bool = False,
+              **rotation: Any) -> tuple[Any, Any]:
+    """`q` rotated at ``call.q_offset`` and `k` at 0, both for the call's length.
+
+    `rotation` holds `rope_rotate`'s ``base``, ``rotary_dim``, ``layout``,
+    ``scaling`` and ``angles``; the length is the whole call's
+    (`relpos_ref.schemes.rope_scaling.call_length`), so the rules that read
+    it give queries and keys the same frequencies. `rope_attention`, its
+    backward pass and the kernels rotate through here.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> q = k = v = xp.ones((1, 2))
+    >>> call = rope_call(q, k, v, q_offset=1)
+    >>> rope_pair(q, k, call, base=1.0)[0]  # one radian
+    Array([[-0.30116868,  1.38177329]], dtype=array_api_strict.float64)
+    """
+    length = call_length(call.t_q, call.t_k, call.q_offset)
+    return (rope_rotate(q, offset=call.q_offset, length=length, inverse=inverse, **rotation),
+            rope_rotate(k, offset=0, length=length, inverse=inverse, **rotation))
 
 
 @computes_in_float32
@@ -257,6 +257,8 @@ def rope_attention(
     base: float = 10000.0,
     rotary_dim: int | None = None,
     layout: str = "half",
+    scaling: Mapping[str, Any] | None = None,
+    angles: str = "float64",
     scale: float | None = None,
     mask: Any = None,
     causal: bool | None = None,
@@ -271,11 +273,14 @@ def rope_attention(
     Parameters
     ----------
     q, k, v : floating arrays ``(..., t_q, d)``, ``(..., t_k, d)``, ``(..., t_k, d_v)``
-    base, rotary_dim, layout
-        As in `rope_rotate`.
+    base, rotary_dim, layout, scaling, angles
+        As in `rope_rotate`; a rule that reads the length reads the call's,
+        ``max(t_k, q_offset + t_q)``, for queries and keys alike.
     scale, mask, causal, q_offset, return_weights
         As in `relpos_ref.attention` (defaults `DEFAULTS`); `q_offset` also
         sets the queries' rotation (``t_k - t_q`` when decoding with a cache).
+        With YaRN's ``softmax_mscale`` the scale (given or default) is
+        multiplied by DeepSeek's ``mscale**2``.
 
     Returns
     -------
@@ -288,13 +293,11 @@ def rope_attention(
     >>> rope_attention(q, k, v, causal=True).shape
     (4, 4)
     """
-    call = rope_call(
-        q, k, v, base=base, rotary_dim=rotary_dim, layout=layout, scale=scale, mask=mask,
-        causal=causal, q_offset=q_offset,
-    )
-    opts = {"base": base, "rotary_dim": rotary_dim, "layout": layout}
-    q_rot = rope_rotate(q, offset=call.q_offset, **opts)
-    k_rot = rope_rotate(k, offset=0, **opts)
+    rotation = {"base": base, "rotary_dim": rotary_dim, "layout": layout, "scaling": scaling,
+                "angles": angles}
+    call = rope_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
+                     **rotation)
+    q_rot, k_rot = rope_pair(q, k, call, **rotation)
     return attention(
         q_rot, k_rot, v, scale=call.scale, mask=mask, causal=call.causal,
         q_offset=call.q_offset, return_weights=return_weights,
@@ -312,6 +315,8 @@ def rope_attention_vjp(
     base: float = 10000.0,
     rotary_dim: int | None = None,
     layout: str = "half",
+    scaling: Mapping[str, Any] | None = None,
+    angles: str = "float64",
     scale: float | None = None,
     mask: Any = None,
     causal: bool | None = None,
@@ -323,12 +328,13 @@ def rope_attention_vjp(
               \bar{k}_j = R_j^\top\, \bar{\tilde{k}}_j
 
     where :math:`\bar{\tilde{q}}, \bar{\tilde{k}}` are plain attention's
-    gradients at the rotated queries and keys, and :math:`R^\top` turns by
-    the opposite angle (``rope_rotate(..., inverse=True)``).
+    gradients at the rotated queries and keys, and :math:`R^\top` is the
+    rotation's transpose (``rope_rotate(..., inverse=True)``; with an
+    attention factor :math:`a`, :math:`a` times the opposite turn).
 
     Parameters
     ----------
-    q, k, v, base, rotary_dim, layout, scale, mask, causal, q_offset
+    q, k, v, base, rotary_dim, layout, scaling, angles, scale, mask, causal, q_offset
         As in `rope_attention`.
     d_output : floating array, shape ``(..., t_q, d_v)``
         :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
@@ -346,16 +352,14 @@ def rope_attention_vjp(
     Array([[0., 0.],
            [0., 0.]], dtype=array_api_strict.float64)
     """
-    call = rope_call(
-        q, k, v, base=base, rotary_dim=rotary_dim, layout=layout, scale=scale, mask=mask,
-        causal=causal, q_offset=q_offset,
-    )
+    rotation = {"base": base, "rotary_dim": rotary_dim, "layout": layout, "scaling": scaling,
+                "angles": angles}
+    call = rope_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
+                     **rotation)
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    opts = {"base": base, "rotary_dim": rotary_dim, "layout": layout}
-    q_rot = rope_rotate(q, offset=call.q_offset, **opts)
-    k_rot = rope_rotate(k, offset=0, **opts)
+    q_rot, k_rot = rope_pair(q, k, call, **rotation)
     fwd = forward(q_rot, k_rot, call, mask=mask)
     core = core_vjp(q_rot, k_rot, v, d_output, call, fwd)
-    dq = rope_rotate(sum_to_shape(core.dq, q.shape), offset=call.q_offset, inverse=True, **opts)
-    dk = rope_rotate(sum_to_shape(core.dk, k.shape), offset=0, inverse=True, **opts)
+    dq, dk = rope_pair(sum_to_shape(core.dq, q.shape), sum_to_shape(core.dk, k.shape), call,
+                       inverse=True, **rotation)
     return {"q": dq, "k": dk, "v": sum_to_shape(core.dv, v.shape)}
