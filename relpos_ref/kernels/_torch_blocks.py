@@ -28,8 +28,6 @@ import bisect
 import math
 from typing import Any, NamedTuple
 
-import torch
-
 __all__ = [
     "Arena", "Runs", "add_constant", "add_rows", "hankel", "laid_piece", "laid_rows", "pieces",
     "region", "region_sums",
@@ -44,6 +42,7 @@ class Arena:
 
     Examples
     --------
+    >>> import torch
     >>> arena = Arena(torch.zeros(()), 16)
     >>> a, b = arena.take(2, 3), arena.take(4)
     >>> a.shape, b.shape, arena.used
@@ -78,6 +77,7 @@ def hankel(x: Any, r: int, width: int, *, row: int, col: int, offset: int = 0,
 
     Examples
     --------
+    >>> import torch
     >>> hankel(torch.arange(5.0), 2, 4, row=1, col=1, axes=1)  # entry i' + j~
     tensor([[0., 1., 2., 3.],
             [1., 2., 3., 4.]])
@@ -157,6 +157,7 @@ def region(u_lo: int, u_hi: int, r: int, width: int) -> list[tuple[int, int, Any
 
     Examples
     --------
+    >>> import torch
     >>> [(c0, c1, m is None) for c0, c1, m in region(3, 9, 3, 10)]
     [(1, 3, False), (3, 7, True), (7, 9, False)]
     """
@@ -177,8 +178,8 @@ def region(u_lo: int, u_hi: int, r: int, width: int) -> list[tuple[int, int, Any
 def _band(block: Any, u_lo: int, u_hi: int, c0: int, c1: int) -> Any:
     # (r, c1 - c0) view: 1 where u_lo <= c + i' < u_hi (a Hankel view of one row)
     r = block.shape[-2]
-    x = torch.arange(c0, c1 + r - 1, device=block.device)
-    row = ((x >= u_lo) & (x < u_hi)).to(block.dtype)
+    row = block.new_zeros(c1 - c0 + r - 1)
+    row[max(u_lo - c0, 0):max(u_hi - c0, 0)] = 1
     return hankel(row, r, c1 - c0, row=1, col=1, axes=1)
 
 

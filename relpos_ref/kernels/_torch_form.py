@@ -64,6 +64,7 @@ from ._torch_blocks import (
     pieces,
     region_sums,
 )
+from ._torch_pairs import add_pairs, structure
 
 __all__ = [
     "BLOCK_BYTES", "Plan", "arena_for", "binned", "fits", "form_attention", "gather_product",
@@ -93,6 +94,7 @@ def rows_per_block(lead: tuple[int, ...], t_k: int, itemsize: int) -> int:
 
     Examples
     --------
+    >>> import torch
     >>> rows_per_block((1, 8), 1024, 4)
     64
     """
@@ -108,9 +110,10 @@ def window(call: Any, a: int, b: int, width: int) -> tuple[int, int]:
 
     Examples
     --------
+    >>> import torch
     >>> from relpos_ref.calls import Call
-    >>> window(Call(None, (), 4, 4, 1, 1.0, False, 0), 2, 4, 4)  # 7 distances, 5 reached
-    (0, 5)
+    >>> window(Call(None, (), 4, 4, 1, 1.0, False, 0), 2, 4, 4)  # r = 3 .. -3; 1 .. -3 reached
+    (2, 5)
     """
     n = b - a + width - 1
     return call.t_q + call.t_k - 1 - (call.t_q - b) - n, n
@@ -127,7 +130,7 @@ class Term(NamedTuple):
     rows: Any = None  # by distance: reversed rows (-1 as m)
     runs: Runs | None = None  # gather: the map's runs
     index: IndexMap | None = None  # pairs
-    keys: tuple[str, int, Any] | None = None  # pairs: the keys' structure (`_structure`)
+    keys: tuple[str, int, Any] | None = None  # pairs: the keys' `structure`
 
 
 class Values(NamedTuple):
@@ -175,21 +178,6 @@ def _flat(x: Any, lead: tuple[int, ...], tail: int = 2) -> Any:
     return x.expand(*lead, *x.shape[x.dim() - tail:]).reshape(-1, *x.shape[x.dim() - tail:])
 
 
-def _structure(key: Any) -> tuple[str, int, Any] | None:
-    """``("runs", w, values)``: coordinates constant on runs of ``w``; ``("period", w, values)``:
-    periodic with period ``w``; ``None``: neither (of the keys reversed, as blocks hold them)."""
-    keys = key.flip(0)
-    host = keys.tolist()
-    n = len(host)
-    w = next((j for j in range(1, n) if host[j] != host[0]), n)
-    if n % w == 0 and all(host[j] == host[j - j % w] for j in range(n)):
-        return ("runs", w, keys[::w])
-    w = next((j for j in range(1, n) if host[j] == host[0]), n)
-    if n % w == 0 and all(host[j] == host[j % w] for j in range(n)):
-        return ("period", w, keys[:w])
-    return None
-
-
 def _key_product(term: Any, lead: tuple[int, ...], s: float) -> Any:
     # (tiles, L, m + 1, KEY_TILE): (s B) b^T of each tile of keys (reversed), contiguous
     table = _extended(term.table * s, -2)
@@ -197,12 +185,12 @@ def _key_product(term: Any, lead: tuple[int, ...], s: float) -> Any:
     lanes, t_k = keys.shape[0], keys.shape[-2]
     count = -(-t_k // KEY_TILE)
     table = table.expand(lanes, *table.shape[-2:]) if table.dim() == 2 else _flat(table, lead)
-    out = keys.new_zeros((count, lanes, table.shape[-2], KEY_TILE))
+    out = keys.new_empty((count, lanes, table.shape[-2], KEY_TILE))
     for tile in range(count):
         part = keys[:, tile * KEY_TILE:(tile + 1) * KEY_TILE]
         if part.shape[-2] == KEY_TILE:
             torch.bmm(table, part.mT, out=out[tile])
-        else:  # the last tile, in part: its other columns stay zero
+        else:  # the last tile, in part (its other columns are never read)
             out[tile, ..., :part.shape[-2]] = torch.bmm(table, part.mT)
     return out
 
@@ -227,7 +215,7 @@ def plan(form: DistanceForm) -> Plan:
         table = _extended(term.table * s, -2)
         if not term.index.by_distance:
             x = _flat(torch.matmul(term.vectors, table.mT), lead).contiguous()
-            terms.append(Term("pairs", x, index=term.index, keys=_structure(term.index.key)))
+            terms.append(Term("pairs", x, index=term.index, keys=structure(term.index.key)))
         elif m <= GATHER_SHARE * call.t_k:  # its product with a block's vectors, per block
             table = table[None] if table.dim() == 2 else _flat(table, lead).contiguous()
             terms.append(Term("gather", _flat(term.vectors, lead), table=table,
@@ -250,7 +238,7 @@ def plan(form: DistanceForm) -> Plan:
             bias = row if bias is None else bias + row
         else:
             terms.append(Term("pair_bias", _flat(table, lead, 1), index=term.index,
-                              keys=_structure(term.index.key)))
+                              keys=structure(term.index.key)))
     values = []
     for term in form.values:
         table = _extended(term.table, -2)
@@ -310,7 +298,7 @@ def logits(p: Plan, block: int, arena: Arena) -> Any:
         elif term.kind == "keys":
             _add_keys(scores, term, start, width, t_k, arena)
         else:
-            add_pairs(scores, term, p.lead, a, b, width, t_k)
+            add_pairs(scores, term.x, term.index, term.keys, a, b, bias=term.kind == "pair_bias")
     if p.bias is not None:
         scores += hankel(p.bias[:, start:start + n], r, width, row=1, col=1, axes=1)
     _mask(scores, p, a, b, width)
@@ -359,36 +347,6 @@ def _add_keys(scores: Any, term: Term, start: int, width: int, t_k: int, arena: 
         found = select(x, term.rows[start + t0:start + t1 + r - 1], arena)
         scores[..., t0:t1] += hankel(found, r, size, row=size, col=size + 1)
         arena.reset(mark)
-
-
-def add_pairs(scores: Any, term: Term, lead: tuple[int, ...], a: int, b: int, width: int,
-              t_k: int) -> None:
-    """Add a term by coordinates to the scores of rows ``a .. b - 1``, keys ``width - 1 .. 0``.
-
-    Keys whose coordinate is constant on runs, or periodic (`_structure`),
-    read one value per distinct coordinate, spread by a view; other maps
-    read pair by pair.
-    """
-    index = term.index
-    m = term.x.shape[-1] - 1
-    query = index.query[a:b, None] + index.low
-    if term.keys is not None and width == t_k:
-        kind, w, values = term.keys
-        found = _read(term, index.rows[values[None, :] - query], m, a, b)  # (L, r, u)
-        spread = scores.unflatten(-1, (t_k // w, w))
-        spread += found[..., None] if kind == "runs" else found[..., None, :]
-        return
-    keys = index.key.flip(0)[t_k - width:]
-    scores += _read(term, index.rows[keys[None, :] - query], m, a, b)
-
-
-def _read(term: Term, rows: Any, m: int, a: int, b: int) -> Any:
-    # the term at rows (r, c) of its table (-1: none), for query rows a .. b - 1
-    rows = torch.where(rows < 0, m, rows)
-    if term.kind == "pair_bias":
-        return term.x[:, rows]
-    x = term.x[:, a:b]
-    return torch.gather(x, -1, rows.expand(x.shape[0], *rows.shape))
 
 
 def _mask(scores: Any, p: Plan, a: int, b: int, width: int) -> None:
@@ -443,6 +401,7 @@ def form_attention(form: DistanceForm) -> Any:
 
     Examples
     --------
+    >>> import torch
     >>> import relpos_ref as rp
     >>> from relpos_ref.lowering import lower
     >>> q = k = v = torch.eye(4, dtype=torch.float64)[None]

@@ -43,6 +43,7 @@ from ._torch_form import (
     weights,
     window,
 )
+from ._torch_pairs import pairs_backward
 
 __all__ = ["form_vjp"]
 
@@ -140,7 +141,8 @@ def _block(p: Plan, g: _Grads, d_out: Any, block: int, arena: Arena) -> None:
         elif term.kind == "keys":
             _keys_backward(acc, grad, term, start, width, t_k, arena)
         else:
-            _pairs_backward(term, acc, grad, a, b, width, t_k)
+            pairs_backward(acc, grad, term.index, term.keys, a, b,
+                           bias=term.kind == "pair_bias")
     if g.bias is not None:
         g.bias[:, start:start + n] += laid.sum(-2)
 
@@ -186,28 +188,6 @@ def _dense_backward(term: Term, acc: Any, d_vectors: Any, laid: Any, a: int, b: 
         d_vectors[:, a:b] += torch.bmm(laid, term.table[:, start:start + n])
 
 
-def _pairs_backward(term: Term, acc: Any, grad: Any, a: int, b: int, width: int,
-                    t_k: int) -> None:
-    # the pairs' reads scattered back: acc is (L, t_q, m + 1), or (L, m + 1) for a bias
-    index = term.index
-    m = term.x.shape[-1] - 1
-    query = index.query[a:b, None] + index.low
-    if term.keys is not None and width == t_k:
-        kind, w, values = term.keys
-        rows = index.rows[values[None, :] - query]
-        per = grad.unflatten(-1, (t_k // w, w))
-        per = per.sum(-1) if kind == "runs" else per.sum(-2)  # (L, r, u)
-    else:
-        rows = index.rows[index.key.flip(0)[t_k - width:][None, :] - query]
-        per = grad
-    rows = torch.where(rows < 0, m, rows)
-    if term.kind == "pair_bias":
-        acc.scatter_add_(-1, rows.reshape(1, -1).expand(acc.shape[0], -1),
-                         per.reshape(acc.shape[0], -1))
-    else:
-        acc[:, a:b].scatter_add_(-1, rows.expand(*per.shape[:-1], rows.shape[-1]), per)
-
-
 def form_vjp(form: DistanceForm, d_output: Any) -> dict[Any, Any]:
     """Gradients of ``sum(d_output * form_attention(form))`` by the form's arrays.
 
@@ -215,6 +195,20 @@ def form_vjp(form: DistanceForm, d_output: Any) -> dict[Any, Any]:
     each term ``("query", t)`` and ``("key", t)``: ``(vectors, table)``;
     ``("bias", t)`` and ``("values", t)``: its table; each summed to the
     shape of the array it is the gradient of.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import relpos_ref as rp
+    >>> from relpos_ref.lowering import lower
+    >>> q = k = v = torch.eye(3, dtype=torch.float64)[None]
+    >>> table = torch.linspace(-1, 1, 9, dtype=torch.float64).reshape(3, 3)
+    >>> d_out = torch.ones(1, 3, 3, dtype=torch.float64)
+    >>> grads = form_vjp(lower("shaw", q, k, v, table, table), d_out)
+    >>> with rp.kernels.disabled():
+    ...     want = rp.shaw_attention_vjp(q, k, v, table, table, d_output=d_out)
+    >>> bool(torch.allclose(grads["values", 0], want["value_table"]))
+    True
     """
     p = plan(form)
     call = form.call

@@ -43,6 +43,7 @@ def by_sdpa(form: DistanceForm) -> bool:
 
     Examples
     --------
+    >>> import torch
     >>> from relpos_ref.lowering import lower
     >>> x = torch.zeros(3, 2)
     >>> by_sdpa(lower("t5", x, x, x, torch.zeros(4))), by_sdpa(lower("shaw", x, x, x, x))
@@ -73,6 +74,7 @@ def toeplitz(row: Any, call: Call) -> Any:
 
     Examples
     --------
+    >>> import torch
     >>> from relpos_ref.calls import Call
     >>> toeplitz(torch.arange(4.0), Call(None, (), 2, 3, 1, 1.0, False, 0)).flip(-1)
     tensor([[1., 2., 3.],
@@ -153,6 +155,7 @@ def sdpa_terms(
 
     Examples
     --------
+    >>> import torch
     >>> import relpos_ref as rp
     >>> from relpos_ref.calls import resolve_call
     >>> q = k = v = torch.eye(3, dtype=torch.float64)
@@ -215,6 +218,7 @@ def _four_axes(x: Any, batch: tuple[int, ...]) -> Any:
 
     Examples
     --------
+    >>> import torch
     >>> _four_axes(torch.zeros(3, 4, 5), (3,)).shape
     torch.Size([1, 3, 4, 5])
     >>> _four_axes(torch.zeros(2, 3, 4, 4, 5), (2, 3, 4)).shape

@@ -217,6 +217,18 @@ def attend(form: DistanceForm, *, fused: bool, flipped: tuple[Any, Any] | None =
     of differentiable operations: SDPA's math backend with the form's terms
     on the whole grid (`relpos_ref.lowering.form_terms`); a form with
     relative values goes to the specification.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import relpos_ref as rp
+    >>> from relpos_ref.lowering import lower
+    >>> q = k = v = torch.eye(4, dtype=torch.float64)[None]
+    >>> table = torch.linspace(-1, 1, 12, dtype=torch.float64).reshape(3, 4)
+    >>> fast = attend(lower("shaw", q, k, v, table, table, causal=True), fused=True)
+    >>> with rp.kernels.disabled():
+    ...     bool(torch.allclose(fast, rp.shaw_attention(q, k, v, table, table, causal=True)))
+    True
     """
     if by_sdpa(form):
         return sdpa_form(form, fused=fused, flipped=flipped)
