@@ -195,8 +195,12 @@ def _key_product(term: Any, lead: tuple[int, ...], s: float) -> Any:
     return out
 
 
-def plan(form: DistanceForm) -> Plan:
-    """What a call's blocks read: the contents with the keys reversed, one product per term."""
+def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None) -> Plan:
+    """What a call's blocks read: the contents with the keys reversed, one product per term.
+
+    `flipped`: ``k'`` and ``v`` with their keys already reversed (a blocked
+    call reverses them once for all its tiles).
+    """
     call, s = form.call, form.call.scale
     shapes = [form.q.shape[:-2], form.k.shape[:-2], form.v.shape[:-2]]
     shapes += [t.vectors.shape[:-2] for t in (*form.query_terms, *form.key_terms)]
@@ -206,7 +210,8 @@ def plan(form: DistanceForm) -> Plan:
         shapes.append(form.mask.shape[:-2])
     lead = tuple(torch.broadcast_shapes(*shapes))
     q = _flat(form.q * s, lead).contiguous()
-    k, v = (_flat(x.flip(-2), lead).contiguous() for x in (form.k, form.v))
+    flipped = (form.k.flip(-2), form.v.flip(-2)) if flipped is None else flipped
+    k, v = (_flat(x, lead).contiguous() for x in flipped)
     rows = max(1, rows_per_block(lead, call.t_k, q.element_size()))
     blocks = _blocks(call, rows)
     terms, bias = [], None
@@ -393,11 +398,11 @@ def binned(values: Values, w: Any, start: int, n_all: int, arena: Arena) -> tupl
     return torch.cat(columns, -1), torch.cat(rows)
 
 
-def form_attention(form: DistanceForm) -> Any:
+def form_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None) -> Any:
     """Attention of a call in the distance form, a block of query rows at a time.
 
     Returns ``(..., t_q, d_v)``, the broadcast batch of every array of the
-    form. See the module docstring.
+    form; `flipped` as `plan` takes it. See the module docstring.
 
     Examples
     --------
@@ -411,7 +416,7 @@ def form_attention(form: DistanceForm) -> Any:
     ...     bool(torch.allclose(out, rp.shaw_attention(q, k, v, table, table, causal=True)))
     True
     """
-    p = plan(form)
+    p = plan(form, flipped)
     call = form.call
     out = p.v.new_zeros((p.v.shape[0], call.t_q, p.v.shape[-1]))
     arena = arena_for(p)

@@ -240,7 +240,7 @@ def attend(form: DistanceForm, *, fused: bool, flipped: tuple[Any, Any] | None =
                           fused=False)
     if not fits(form):
         return NotImplemented
-    return form_attention(form)
+    return form_attention(form, flipped)
 
 
 def _kernel(name: str) -> Callable[..., Any]:
@@ -395,13 +395,18 @@ def _blocked_kernel(name: str) -> Callable[..., Any]:
                                                 if _is_array(a)}})):
             return NotImplemented
         fused = not _differentiated(floating)
+        reversed_keys = (k.flip(-2), v.flip(-2))  # once for every tile
 
         def attend_tile(i0: int, i1: int, j1: int) -> Any:
             # queries i0 .. i1 - 1 against keys 0 .. j1 - 1: the tile's own call, lowered
             sub = call._replace(t_q=i1 - i0, t_k=j1, q_offset=call.q_offset + i0)
-            form = lowered(entry, q[..., i0:i1, :], k[..., :j1, :], v[..., :j1, :], named,
-                           sub, options, mask=mask_tile(mask, i0, i1, 0, j1), terms={})
-            return attend(form, fused=fused)
+            keys, values = k[..., :j1, :], v[..., :j1, :]
+            form = lowered(entry, q[..., i0:i1, :], keys, values, named, sub, options,
+                           mask=mask_tile(mask, i0, i1, 0, j1), terms={})
+            flipped = None
+            if form.k is keys and form.v is values:  # the lowering kept them: reversed already
+                flipped = tuple(x[..., call.t_k - j1:, :] for x in reversed_keys)
+            return attend(form, fused=fused, flipped=flipped)
 
         # no mask: a call reads one row of distances (SDPA), or blocks of rows (the engine)
         return blocked_rows(checked, q, v, name=name, lean=mask is None, attend=attend_tile)
