@@ -43,7 +43,8 @@ from relpos_ref.kernels._torch_blocks import (  # noqa: E402
     pieces,
     region_sums,
 )
-from relpos_ref.kernels._torch_pairs import structure  # noqa: E402
+from relpos_ref.kernels._torch_pairs import grid_table, structure  # noqa: E402
+from relpos_ref.lowering import IndexMap, lower  # noqa: E402
 
 KERNELS = kernels.kernels("torch")
 VJP_KERNELS = kernels.vjp_kernels("torch")
@@ -321,3 +322,15 @@ def test_key_coordinates_by_structure():
     x = torch.arange(12) % 4  # its columns: period 4
     assert structure(y)[:2] == ("runs", 4) and structure(x)[:2] == ("period", 4)
     assert structure(y * 7 + x) is None  # Swin's coordinates: every key its own
+
+
+def test_swin_reads_its_bias_as_a_window_of_one_2d_table():
+    q = torch.randn(2, 12, 4, dtype=torch.float64)
+    table = torch.randn(2, 35, dtype=torch.float64)
+    form = lower("swin", q, q, q, table, window_height=3, window_width=4)
+    assert [t.kind for t in _torch_form.plan(form).terms] == ["grid_bias"]
+    (term,) = form.biases
+    found, rows = grid_table(torch.cat([table, table[:, :1] * 0], -1), term.index)
+    assert found.shape == (2, 5, 7) and rows.shape == (5, 7)
+    shuffled = term.index.key[torch.randperm(12, generator=torch.Generator().manual_seed(0))]
+    assert grid_table(table, IndexMap(term.index.rows, term.index.low, shuffled, shuffled)) is None

@@ -64,7 +64,7 @@ from ._torch_blocks import (
     pieces,
     region_sums,
 )
-from ._torch_pairs import add_pairs, structure
+from ._torch_pairs import add_grid, add_pairs, grid_table, structure
 
 __all__ = [
     "BLOCK_BYTES", "Plan", "arena_for", "binned", "fits", "form_attention", "gather_product",
@@ -122,11 +122,11 @@ def window(call: Any, a: int, b: int, width: int) -> tuple[int, int]:
 class Term(NamedTuple):
     """A term as the blocks read it (`plan`); see the module docstring for the kinds."""
 
-    kind: str  # "gather", "dense", "keys", "pairs", "pair_bias"
+    kind: str  # "gather", "dense", "keys", "pairs", "pair_bias", "grid_bias"
     x: Any  # gather, dense: vectors (L, t_q, d); keys: (tiles, L, m + 1, KEY_TILE), the product;
-    # pairs: (L, t_q, m + 1), the product; pair_bias: (L, m + 1)
+    # pairs: (L, t_q, m + 1), the product; pair_bias, grid_bias: (L, m + 1), the table
     table: Any = None  # gather: (1 or L, m + 1, d) times the scale; dense: the same table's
-    # rows by reversed distance, (n, d) or (L, n, d)
+    # rows by reversed distance, (n, d) or (L, n, d); grid_bias: its 2-D table (`grid_table`)
     rows: Any = None  # by distance: reversed rows (-1 as m)
     runs: Runs | None = None  # gather: the map's runs
     index: IndexMap | None = None  # pairs
@@ -242,8 +242,15 @@ def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None) -> Plan:
                                          term.index.rows)]
             bias = row if bias is None else bias + row
         else:
-            terms.append(Term("pair_bias", _flat(table, lead, 1), index=term.index,
-                              keys=structure(term.index.key)))
+            table = _flat(table, lead, 1)
+            grid = None if call.causal else grid_table(table, term.index)
+            if grid is None:
+                terms.append(Term("pair_bias", table, index=term.index,
+                                  keys=structure(term.index.key)))
+            else:  # Swin's: a window of one 2-D table per query
+                width = call.t_k // (grid[0].shape[-2] // 2 + 1)
+                terms.append(Term("grid_bias", table, table=grid[0], rows=grid[1],
+                                  index=term.index, keys=("grid", width, None)))
     values = []
     for term in form.values:
         table = _extended(term.table, -2)
@@ -302,6 +309,8 @@ def logits(p: Plan, block: int, arena: Arena) -> Any:
             scores += hankel(_dense(term, a, b, start, n, arena), r, width, row=n + 1, col=1)
         elif term.kind == "keys":
             _add_keys(scores, term, start, width, t_k, arena)
+        elif term.kind == "grid_bias":
+            add_grid(scores, term.table, term.keys[1], a, b)
         else:
             add_pairs(scores, term.x, term.index, term.keys, a, b, bias=term.kind == "pair_bias")
     if p.bias is not None:

@@ -43,7 +43,7 @@ from ._torch_form import (
     weights,
     window,
 )
-from ._torch_pairs import pairs_backward
+from ._torch_pairs import grid_backward, pairs_backward
 
 __all__ = ["form_vjp"]
 
@@ -66,10 +66,10 @@ class _Grads:
         # the keys' and values' gradients transposed, (L, d, t_k): a product into them ran
         # three times faster than into (L, t_k, d) on the CPU
         self.k, self.v = (x.new_zeros(x.mT.shape) for x in (p.k, p.v))
-        with_table = ("gather", "dense")
+        with_table = ("gather", "dense", "grid_bias")
         self.terms = [t.x.new_zeros((t.table if t.kind in with_table else t.x).shape)
                       for t in p.terms]
-        self.vectors = [t.x.new_zeros(t.x.shape) if t.kind in with_table else None
+        self.vectors = [t.x.new_zeros(t.x.shape) if t.kind in ("gather", "dense") else None
                         for t in p.terms]
         self.bias = None if p.bias is None else p.bias.new_zeros(p.bias.shape)
         self.values = [t.table.new_zeros(t.table.shape) for t in p.values]
@@ -140,6 +140,8 @@ def _block(p: Plan, g: _Grads, d_out: Any, block: int, arena: Arena) -> None:
             _dense_backward(term, acc, g.vectors[t], laid, a, b, start, n)
         elif term.kind == "keys":
             _keys_backward(acc, grad, term, start, width, t_k, arena)
+        elif term.kind == "grid_bias":
+            grid_backward(acc, grad, term.keys[1], a, b)
         else:
             pairs_backward(acc, grad, term.index, term.keys, a, b,
                            bias=term.kind == "pair_bias")
@@ -270,7 +272,11 @@ def _collect(p: Plan, g: _Grads) -> dict[Any, Any]:
             d_ext = by_distance.new_zeros((*by_distance.shape[:-1], m + 1))
             d_ext.index_add_(-1, rows, by_distance)
         else:
-            _, d_ext, _ = next(terms)
+            kept, d_ext, _ = next(terms)
+            if kept.kind == "grid_bias":  # by (dy, dx): back to the table's rows
+                d_grid = d_ext.flip(-1, -2)
+                d_ext = d_grid.new_zeros(kept.x.shape)
+                d_ext.index_add_(-1, kept.rows.reshape(-1), d_grid.reshape(d_grid.shape[0], -1))
             d_ext = shaped(d_ext)
         out["bias", t] = _sum_to(d_ext[..., :m], term.table.shape)
     for t, (term, acc) in enumerate(zip(form.values, g.values, strict=True)):

@@ -19,7 +19,7 @@ import torch
 
 from ..lowering import IndexMap
 
-__all__ = ["add_pairs", "pairs_backward", "structure"]
+__all__ = ["add_grid", "add_pairs", "grid_backward", "grid_table", "pairs_backward", "structure"]
 
 
 def structure(key: Any) -> tuple[str, int, Any] | None:
@@ -94,3 +94,69 @@ def pairs_backward(acc: Any, grad: Any, index: IndexMap, keys: tuple[str, int, A
                          per.reshape(acc.shape[0], -1))
     else:
         acc[:, a:b].scatter_add_(-1, rows.expand(*per.shape[:-1], rows.shape[-1]), per)
+
+
+def grid_table(x: Any, index: IndexMap) -> tuple[Any, Any] | None:
+    """A bias by coordinates that lie on a row-major ``H x W`` grid, as one 2-D table.
+
+    When queries and keys share their coordinates and those are
+    ``c0 + A y + B x`` for token ``y W + x`` (Swin's ``y (2 W_w - 1) + x``),
+    the bias of a pair depends on ``(dy, dx)`` alone: ``F[dy + H - 1, dx + W - 1]``.
+    Returns ``(F flipped in both axes, rows)`` (``(L, 2H - 1, 2W - 1)``, and
+    the rows of `x` it reads, for the backward pass), or ``None``. Keys
+    reversed, query ``(y, x)`` reads ``F~[y + y~, x + x~]``: a view
+    (`add_grid`).
+    """
+    if index.query is not index.key or index.key.shape[0] < 2:
+        return None
+    c = index.key.tolist()
+    n, step = len(c), c[1] - c[0]
+    w = next((j for j in range(1, n) if c[j] - c[j - 1] != step), n)
+    if n % w:
+        return None
+    a = c[w] - c[0] if w < n else 0
+    if any(c[j] != c[0] + a * (j // w) + step * (j % w) for j in range(n)):
+        return None
+    h, device = n // w, index.rows.device
+    dy = torch.arange(-(h - 1), h, device=device)[:, None]
+    dx = torch.arange(-(w - 1), w, device=device)[None, :]
+    at = a * dy + step * dx - index.low
+    if int(at.min()) < 0 or int(at.max()) >= index.rows.shape[0]:
+        return None
+    rows = index.rows[at]
+    rows = torch.where(rows < 0, x.shape[-1] - 1, rows)
+    return x[:, rows].flip(-1, -2).contiguous(), rows
+
+
+def _groups(a: int, b: int, w: int) -> list[tuple[int, int, int]]:
+    # (first row, grid row y, column x0) of each run of queries a .. b - 1 on one grid row
+    out, i = [], a
+    while i < b:
+        y, x0 = divmod(i, w)
+        out.append((i, y, x0))
+        i += min(w - x0, b - i)
+    return out
+
+
+def add_grid(scores: Any, table: Any, w: int, a: int, b: int) -> None:
+    """Add `grid_table`'s bias to the scores ``(L, r, H W)`` of rows ``a .. b - 1``."""
+    lanes, width = scores.shape[0], scores.shape[-1]
+    h, span = width // w, table.shape[-1]
+    for i, y, x0 in _groups(a, b, w):
+        count = min(w - x0, b - i)
+        view = table.as_strided((lanes, count, h, w), (table.stride(0), 1, span, 1),
+                                table.storage_offset() + y * span + x0)
+        scores[:, i - a:i - a + count].view(lanes, count, h, w).add_(view)
+
+
+def grid_backward(acc: Any, grad: Any, w: int, a: int, b: int) -> None:
+    """The transpose of `add_grid`: ``grad`` summed into ``acc`` (``(L, 2H - 1, 2W - 1)``)."""
+    lanes, width = grad.shape[0], grad.shape[-1]
+    h = width // w
+    for i, y, x0 in _groups(a, b, w):
+        count = min(w - x0, b - i)
+        part = grad[:, i - a:i - a + count].view(lanes, count, h, w).transpose(1, 2)
+        # (L, H, count, count + W - 1): entry (y~, x', x' + x~), summed over x'
+        laid = grad.new_zeros((lanes, h, count, count + w - 1))
+        laid.as_strided(part.shape, (*laid.stride()[:2], count + w, 1)).copy_(part)
+        acc[:, y:y + h, x0:x0 + count + w - 1] += laid.sum(-2)
