@@ -28,9 +28,11 @@ import bisect
 import math
 from typing import Any, NamedTuple
 
+import torch
+
 __all__ = [
-    "Arena", "Runs", "add_constant", "add_rows", "hankel", "laid_piece", "laid_rows", "pieces",
-    "region", "region_sums",
+    "Arena", "Runs", "add_by_rows", "add_constant", "add_rows", "binned", "hankel", "laid_piece",
+    "laid_rows", "pieces", "region", "region_sums", "select", "times_rows",
 ]
 
 
@@ -258,3 +260,68 @@ def laid_rows(block: Any, u_lo: int, u_hi: int, arena: Arena) -> Any:
         hankel(out, r, c1 - c0, row=r + 1, col=r,
                offset=(c0 - u_lo + top) * r).copy_(block[..., c0:c1])
     return out[:, top:top + m]
+
+
+def select(x: Any, rows: Any, arena: Arena) -> Any:
+    """``x[:, rows, :]`` of a 3-D `x` by ``index_select`` (whole rows copied), into `arena`."""
+    return torch.index_select(x, 1, rows, out=arena.take(x.shape[0], rows.shape[0],
+                                                          x.shape[-1]))
+
+
+def add_by_rows(block: Any, x: Any, rows: Any, runs: Runs, start: int, n_all: int,
+                arena: Arena, *, max_pieces: int) -> None:
+    """``block[:, i', j~] += x[:, row(i' + j~), i']``: a term read from ``x`` ``(L, m + 1, r)``
+    at the rows of the block's window of distances (from `start` of the reversed `rows`).
+
+    A map of few runs in the window (Shaw's clipped ends): a constant per row
+    over each summed run, the rows of the others picked; past `max_pieces` runs,
+    every distance's row picked (`select`).
+    """
+    r, width = block.shape[-2:]
+    n = r + width - 1
+    found = pieces(runs, n_all, start, n)
+    if len(found) > max_pieces:
+        add_rows(block, select(x, rows[start:start + n], arena), 0, arena)
+        return
+    for u_lo, u_hi, summed, row in found:
+        if summed:
+            add_constant(block, x[:, row], u_lo, u_hi)
+        else:
+            add_rows(block, select(x, rows[start + u_lo:start + u_hi], arena), u_lo, arena)
+
+
+def binned(values: Any, w: Any, start: int, n_all: int, arena: Arena, *,
+           max_pieces: int) -> tuple[Any, Any]:
+    """``(columns (L, r, c), rows (c,))``: a block's weights summed by the table row each pair
+    reads (per run of the map), or laid out one column per distance past `max_pieces` runs.
+
+    `values` has ``rows`` (the map's rows per distance, reversed, ``-1`` as
+    the table's zero row) and ``runs`` (the map's `Runs`).
+    """
+    r, width = w.shape[-2:]
+    n = r + width - 1
+    found = pieces(values.runs, n_all, start, n)
+    if len(found) > max_pieces:
+        return laid_piece(w, 0, n, arena), values.rows[start:start + n]
+    columns, rows = [], []
+    for u_lo, u_hi, summed, row in found:
+        if summed:
+            columns.append(region_sums(w, u_lo, u_hi)[..., None])
+            rows.append(values.rows.new_full((1,), row))
+        else:
+            columns.append(laid_piece(w, u_lo, u_hi, arena))
+            rows.append(values.rows[start + u_lo:start + u_hi])
+    if not columns:
+        return w[..., :0], values.rows[:0]
+    return torch.cat(columns, -1), torch.cat(rows)
+
+
+def times_rows(columns: Any, table: Any, rows: Any) -> Any:
+    """``columns @ table[:, rows]``: ``(L, r, c)`` times ``(1 or L, m, d)`` read at ``rows``."""
+    picked = table[:, rows]
+    if columns.shape[-1] == 0:
+        return columns.new_zeros((*columns.shape[:-1], table.shape[-1]))
+    if picked.shape[0] == 1:  # one table for every head: one product
+        flat = columns.reshape(-1, columns.shape[-1]) @ picked[0]
+        return flat.view(*columns.shape[:-1], picked.shape[-1])
+    return torch.bmm(columns, picked)

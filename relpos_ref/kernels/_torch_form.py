@@ -57,19 +57,17 @@ from ..lowering import DistanceForm, IndexMap
 from ._torch_blocks import (
     Arena,
     Runs,
-    add_constant,
-    add_rows,
+    add_by_rows,
+    binned,
     hankel,
-    laid_piece,
-    pieces,
-    region_sums,
+    select,
+    times_rows,
 )
 from ._torch_pairs import add_grid, add_pairs, grid_table, structure
 
 __all__ = [
-    "BLOCK_BYTES", "Plan", "arena_for", "binned", "fits", "form_attention", "gather_product",
-    "key_tiles",
-    "plan", "rows_per_block", "select", "times_rows", "weights", "window",
+    "BLOCK_BYTES", "Plan", "arena_for", "fits", "form_attention", "gather_product", "key_tiles",
+    "plan", "rows_per_block", "weights", "window",
 ]
 
 #: Bytes of a block's scores (all leading axes): a block's work stays in cache.
@@ -277,12 +275,6 @@ def _blocks(call: Any, rows: int) -> tuple[tuple[int, int, int], ...]:
     return tuple(out)
 
 
-def select(x: Any, rows: Any, arena: Arena) -> Any:
-    """``x[:, rows, :]`` of a 3-D `x` by ``index_select`` (whole rows copied), into `arena`."""
-    return torch.index_select(x, 1, rows, out=arena.take(x.shape[0], rows.shape[0],
-                                                          x.shape[-1]))
-
-
 def logits(p: Plan, block: int, arena: Arena) -> Any:
     """Scores of block `block` (rows ``a .. b - 1``, keys ``width - 1 .. 0``), ``-inf``
     where a row may not attend: ``(L, r, width)`` from `arena`."""
@@ -294,17 +286,8 @@ def logits(p: Plan, block: int, arena: Arena) -> Any:
     start, n = window(call, a, b, width)
     for term in p.terms:
         if term.kind == "gather":
-            x = gather_product(term, a, b, arena)
-            found = pieces(term.runs, n_all, start, n)
-            if len(found) > MAX_PIECES:
-                add_rows(scores, select(x, term.rows[start:start + n], arena), 0, arena)
-                continue
-            for u_lo, u_hi, summed, row in found:
-                if summed:
-                    add_constant(scores, x[:, row], u_lo, u_hi)
-                else:
-                    add_rows(scores, select(x, term.rows[start + u_lo:start + u_hi], arena),
-                             u_lo, arena)
+            add_by_rows(scores, gather_product(term, a, b, arena), term.rows, term.runs,
+                        start, n_all, arena, max_pieces=MAX_PIECES)
         elif term.kind == "dense":
             scores += hankel(_dense(term, a, b, start, n, arena), r, width, row=n + 1, col=1)
         elif term.kind == "keys":
@@ -386,27 +369,6 @@ def weights(p: Plan, block: int, arena: Arena) -> Any:
     return scores
 
 
-def binned(values: Values, w: Any, start: int, n_all: int, arena: Arena) -> tuple[Any, Any]:
-    """``(columns (L, r, c), rows (c,))``: a block's weights summed by the table row each pair
-    reads (per run of the map), or laid out one column per distance."""
-    r, width = w.shape[-2:]
-    n = r + width - 1
-    found = pieces(values.runs, n_all, start, n)
-    if len(found) > MAX_PIECES:
-        return laid_piece(w, 0, n, arena), values.rows[start:start + n]
-    columns, rows = [], []
-    for u_lo, u_hi, summed, row in found:
-        if summed:
-            columns.append(region_sums(w, u_lo, u_hi)[..., None])
-            rows.append(values.rows.new_full((1,), row))
-        else:
-            columns.append(laid_piece(w, u_lo, u_hi, arena))
-            rows.append(values.rows[start + u_lo:start + u_hi])
-    if not columns:
-        return w[..., :0], values.rows[:0]
-    return torch.cat(columns, -1), torch.cat(rows)
-
-
 def form_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None) -> Any:
     """Attention of a call in the distance form, a block of query rows at a time.
 
@@ -436,7 +398,7 @@ def form_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None) -
         part = torch.bmm(w, p.v[:, call.t_k - width:])
         start, _ = window(call, a, b, width)
         for values in p.values:
-            columns, rows = binned(values, w, start, n_all, arena)
+            columns, rows = binned(values, w, start, n_all, arena, max_pieces=MAX_PIECES)
             part += times_rows(columns, values.table, rows)
         out[:, a:b] = part
     return out.reshape(*p.lead, call.t_q, p.v.shape[-1])
@@ -448,14 +410,3 @@ def arena_for(p: Plan) -> Arena:
         return Arena(p.q, 0)
     rows = max(b - a for a, b, _ in p.blocks)
     return Arena(p.q, 4 * p.q.shape[0] * rows * (p.form.call.t_k + 2 * rows))
-
-
-def times_rows(columns: Any, table: Any, rows: Any) -> Any:
-    """``columns @ table[:, rows]``: ``(L, r, c)`` times ``(1 or L, m, d)`` read at ``rows``."""
-    picked = table[:, rows]
-    if columns.shape[-1] == 0:
-        return columns.new_zeros((*columns.shape[:-1], table.shape[-1]))
-    if picked.shape[0] == 1:  # one table for every head: one product
-        flat = columns.reshape(-1, columns.shape[-1]) @ picked[0]
-        return flat.view(*columns.shape[:-1], picked.shape[-1])
-    return torch.bmm(columns, picked)

@@ -30,16 +30,16 @@ import torch
 
 from ..lowering import DistanceForm
 from . import _torch_form
-from ._torch_blocks import Arena, add_constant, add_rows, laid_rows, pieces, region_sums
+from ._torch_blocks import Arena, laid_rows, pieces, region_sums
 from ._torch_form import (
     Plan,
     Term,
+    add_by_rows,
     arena_for,
     binned,
     hankel,
     key_tiles,
     plan,
-    select,
     weights,
     window,
 )
@@ -75,21 +75,6 @@ class _Grads:
         self.values = [t.table.new_zeros(t.table.shape) for t in p.values]
 
 
-def add_by_rows(into: Any, x: Any, rows: Any, runs: Any, start: int, n: int,
-                n_all: int, arena: Arena) -> None:
-    """``into[:, i', j~] += x[:, row(i' + j~), i']``: a term read from ``x`` ``(L, m + 1, r)``
-    at the rows of the window (as the forward adds a "gather" term)."""
-    found = pieces(runs, n_all, start, n)
-    if len(found) > _torch_form.MAX_PIECES:
-        add_rows(into, select(x, rows[start:start + n], arena), 0, arena)
-        return
-    for u_lo, u_hi, summed, row in found:
-        if summed:
-            add_constant(into, x[:, row], u_lo, u_hi)
-        else:
-            add_rows(into, select(x, rows[start + u_lo:start + u_hi], arena), u_lo, arena)
-
-
 def _gather_backward(acc: Any, grad: Any, term: Term, start: int, n: int, n_all: int,
                      arena: Arena) -> None:
     # acc (L, m + 1, r) += the block's G summed by the row each pair read
@@ -116,9 +101,10 @@ def _block(p: Plan, g: _Grads, d_out: Any, block: int, arena: Arena) -> None:
     torch.bmm(d_o, p.v[:, keys].mT, out=dw)
     start, n = window(call, a, b, width)
     for values, acc in zip(p.values, g.values, strict=True):
-        add_by_rows(dw, torch.matmul(values.table, d_o.mT), values.rows, values.runs, start, n,
-                    n_all, arena)
-        columns, rows = binned(values, w, start, n_all, arena)
+        add_by_rows(dw, torch.matmul(values.table, d_o.mT), values.rows, values.runs, start,
+                    n_all, arena, max_pieces=_torch_form.MAX_PIECES)
+        columns, rows = binned(values, w, start, n_all, arena,
+                               max_pieces=_torch_form.MAX_PIECES)
         part = torch.bmm(columns.mT, d_o)
         acc.index_add_(1, rows, part if acc.shape[0] > 1 else part.sum(0, keepdim=True))
     g.v[..., keys].baddbmm_(d_o.mT, w)

@@ -101,9 +101,13 @@ def sdpa_form(form: DistanceForm, *, fused: bool = True,
     position, dense_bias = form.dense
     row = distance_bias(form)
     # causal alone, every row with a key: the causal structure in the row of distances too
-    fold = row is not None and call.causal and form.mask is None and call.q_offset >= 0
+    # (with no bias, where SDPA's own is_causal does not fit: q_offset > 0, a blocked tile)
+    fold = (call.causal and form.mask is None and call.q_offset >= 0 and position is None
+            and dense_bias is None and (row is not None or call.q_offset > 0))
     if fold:
         n = call.t_q + call.t_k - 1
+        if row is None:
+            row = form.q.new_zeros(n)
         future = torch.arange(n, device=row.device) > call.t_q - 1 + call.q_offset
         row = torch.where(future, torch.tensor(-math.inf, dtype=row.dtype, device=row.device),
                           row)
