@@ -24,6 +24,11 @@ MODULES = [
     "relpos_ref.flex",
     "relpos_ref.kernels",
     "relpos_ref.kernels.torch",
+    "relpos_ref.kernels._torch_sdpa",
+    "relpos_ref.kernels._torch_form",
+    "relpos_ref.kernels._torch_form_vjp",
+    "relpos_ref.kernels._torch_blocks",
+    "relpos_ref.kernels._torch_pairs",
     "relpos_ref.kernels._overflow",
     "relpos_ref.cli",
     "relpos_ref.backends",
@@ -57,7 +62,8 @@ MODULES = [
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples_run(name):
-    if name in ("relpos_ref.kernels.torch", "relpos_ref.flex"):
+    if name == "relpos_ref.flex" or name.startswith(("relpos_ref.kernels.torch",
+                                                     "relpos_ref.kernels._torch")):
         pytest.importorskip("torch")
     module = importlib.import_module(name)
     result = run_docstring_examples(module, with_kernels=name.startswith("relpos_ref.kernels"))

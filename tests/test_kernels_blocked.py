@@ -2,9 +2,10 @@
 
 `relpos_ref.blocked_attention` is `relpos_ref.blocked.blocked_attention` behind
 the dispatcher. On NumPy arrays every scheme that takes ``q_offset`` runs its
-NumPy kernel a tile of queries at a time (`relpos_ref.kernels._numpy_blocked`);
-on torch tensors plain attention, RoPE, bias, T5 and ALiBi run one SDPA call
-per tile (`relpos_ref.kernels.torch`). The hypothesis calls are those of the
+NumPy kernel a tile of queries at a time (`relpos_ref.kernels._numpy_blocked`),
+and on torch tensors its torch kernel (`relpos_ref.kernels.torch`: one SDPA call
+per tile for plain attention, RoPE, absolute, bias, T5 and ALiBi, the block
+engine for the others). The hypothesis calls are those of the
 forward kernels' tests (`test_kernels.calls`: offsets, causality, masks with
 empty rows and of every broadcast shape, options and policies, shared and
 per-head tables, float32 and float64, scales of either sign) with a block size
@@ -32,9 +33,10 @@ NUMPY = kernels.blocked_kernels("numpy")
 try:
     import torch
 
+    from relpos_ref.kernels import _torch_sdpa
     from relpos_ref.kernels import torch as torch_kernels
 except ImportError:  # the NumPy tests run; the torch ones skip
-    torch = torch_kernels = None
+    torch = torch_kernels = _torch_sdpa = None
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 BLOCKED = kernels.blocked_kernels("torch") if torch is not None else {}
 _CUDA = pytest.mark.skipif(torch is None or not torch.cuda.is_available(),
@@ -139,10 +141,12 @@ def test_numpy_blocked_kernels_hold_a_tile_of_scores_per_call(monkeypatch):
 
 @needs_torch
 def test_the_blocked_kernels_and_the_dispatch():
-    assert set(BLOCKED) == {"plain", "rope", "bias", "t5", "alibi"}
+    # every scheme that takes q_offset, as on NumPy (grid2d and Swin place queries on a grid)
+    assert set(BLOCKED) == set(NUMPY)
     q = torch.eye(3)
     assert kernels.kernel_for("t5", (q, None), blocked=True) is BLOCKED["t5"]
-    assert kernels.kernel_for("shaw", (q,), blocked=True) is None  # terms of q: the spec
+    assert kernels.kernel_for("shaw", (q,), blocked=True) is BLOCKED["shaw"]
+    assert kernels.kernel_for("swin", (q,), blocked=True) is None
     assert rp.blocked_attention.__wrapped__ is spec_blocked
     assert "blocked_attention" in dir(rp) and "blocked_attention" in rp.__all__
     with kernels.disabled():
@@ -154,13 +158,13 @@ def test_each_sdpa_call_holds_at_most_a_tile_of_mask(monkeypatch):
     # with a mask, the rows of a call are cut so that rows * keys <= 4 block ** 2 (but
     # MIN_ROWS at least); without one, a whole block of rows reads one row of distances
     seen = []
-    original = torch_kernels.sdpa_terms
+    original = _torch_sdpa.sdpa_terms
 
     def spy(q, k, v, call, **kw):
         seen.append((q.shape[-2], k.shape[-2], kw.get("mask") is not None))
         return original(q, k, v, call, **kw)
 
-    monkeypatch.setattr(torch_kernels, "sdpa_terms", spy)
+    monkeypatch.setattr(_torch_sdpa, "sdpa_terms", spy)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 300, 4, generator=gen, dtype=torch.float64) for _ in range(3))
     table = torch.randn(2, 17, generator=gen, dtype=torch.float64)
@@ -221,11 +225,13 @@ def test_what_the_blocked_kernel_hands_back():
     assert BLOCKED["plain"](q, nan_k, q, block_size=2) is NotImplemented
     assert BLOCKED["plain"](q, q, q, mask=np.ones((6, 6), dtype=bool)) is NotImplemented
     assert BLOCKED["plain"](q[:, :0], q, q) is NotImplemented
-    # other schemes reach the specification: their terms depend on q or k
-    table = torch.randn(2, 5, 4, dtype=torch.float64)
-    got = rp.blocked_attention(q, q, q, table, scheme="shaw", block_size=4)
+    assert BLOCKED["shaw"](q, nan_k, q, q[0, :5], scheme="shaw", block_size=2) is NotImplemented
+    # grid2d and Swin have none: the specification's loop
+    args = (q, q, q, torch.randn(2, 3, 4, dtype=torch.float64),
+            torch.randn(2, 5, 4, dtype=torch.float64))
+    got = rp.blocked_attention(*args, scheme="grid2d", block_size=4, height=2, width=3)
     with kernels.disabled():
-        want = spec_blocked(q, q, q, table, scheme="shaw", block_size=4)
+        want = spec_blocked(*args, scheme="grid2d", block_size=4, height=2, width=3)
     _assert_close(got, want)
 
 
@@ -260,13 +266,13 @@ def test_bad_blocked_input_gets_the_specifications_error(tables, kwargs):
 def test_every_shape_of_batch_reaches_sdpa_with_four_axes(monkeypatch):
     # three axes or five: SDPA's fused kernels take (batch, heads, t, d)
     seen = []
-    original = torch_kernels.scaled_dot_product_attention
+    original = _torch_sdpa.scaled_dot_product_attention
 
     def spy(q, k, v, **kw):
         seen.append(q.ndim)
         return original(q, k, v, **kw)
 
-    monkeypatch.setattr(torch_kernels, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(_torch_sdpa, "scaled_dot_product_attention", spy)
     gen = torch.Generator().manual_seed(5)
     for lead in [(), (3,), (2, 3), (2, 1, 3)]:
         q, k, v = (torch.randn(*lead, 7, 4, generator=gen, dtype=torch.float64)
