@@ -243,6 +243,15 @@ def attend(form: DistanceForm, *, fused: bool, flipped: tuple[Any, Any] | None =
     return form_attention(form, flipped)
 
 
+def _rotated_bounded(entry: Any, call: Call, options: dict[str, Any], q: Any, k: Any) -> bool:
+    # RoPE's rotated operands carry its attention factor (YaRN, LongRoPE): bound the logits
+    # from them, not from the 2|x| a plain rotation gives
+    if entry.rotate is None:
+        return True
+    q_rot, k_rot = entry.rotate(q, k, q_offset=call.q_offset, options=options)
+    return _bounded("plain", call, {"q": q_rot, "k": k_rot})
+
+
 def _kernel(name: str) -> Callable[..., Any]:
     entry = catalog.get(name)
     signature = inspect.signature(entry.attention)
@@ -261,7 +270,8 @@ def _kernel(name: str) -> Callable[..., Any]:
                 or 0 in (call.t_q, call.t_k, q.shape[-1])
                 or not _bounded(name, call, {"q": q, "k": k, "v": v, **named, **arguments.terms,
                                              **{n: a for n, a in options.items()
-                                                if _is_array(a)}})):
+                                                if _is_array(a)}})
+                or not _rotated_bounded(entry, call, options, q, k)):
             return NotImplemented
         fused = _FIRST_ORDER.get() or not _differentiated(arguments.floating)
         form = lowered(entry, q, k, v, named, call, options, mask=mask, terms=arguments.terms)
@@ -300,7 +310,8 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
                 or not _bounded(name, call, {"q": given["q"], "k": given["k"], "v": given["v"],
                                              **arguments.tables, **arguments.terms,
                                              **{n: a for n, a in options.items()
-                                                if _is_array(a)}})):
+                                                if _is_array(a)}})
+                or not _rotated_bounded(entry, call, options, given["q"], given["k"])):
             return NotImplemented
         # every floating argument, and array options completed by the checks (ALiBi's
         # slopes when not given: the specification returns their gradient too)
