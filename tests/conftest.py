@@ -10,11 +10,16 @@ shows up as a skip with the reason.
 
 Hypothesis profiles: ``ci`` (default, modest example counts, derandomized)
 and ``thorough``; choose with ``RELPOS_HYPOTHESIS_PROFILE=thorough``. Under
-``ci``, a hypothesis test on JAX draws a fifth of the examples (at least 3)
-and on dask a third (at least 5) (`EXAMPLE_SHARE`): each new shape costs JAX
+``ci``, a hypothesis test on JAX draws an eighth of the examples (at least 2)
+and on dask a quarter (at least 3) (`EXAMPLE_SHARE`): each new shape costs JAX
 a compilation of every operation and dask a task graph, so their examples
 cost 10 to 100 times NumPy's, and they run the same specification code the
 other backends check in full.
+
+Workers: with pytest-xdist installed (the ``test`` extra installs it), a run that
+names no ``-n`` runs in ``RELPOS_TEST_WORKERS`` processes (2 by default; 0 runs
+in this process), one test file to a worker (``--dist loadfile``, so a file's
+module fixtures, such as the docs site's build, are made once).
 """
 
 from __future__ import annotations
@@ -54,7 +59,28 @@ settings.load_profile(PROFILE)
 #: whose examples are costly, and the fewest it draws. JAX's examples cost the most (4 s
 #: an example of test_blocked_equals_unblocked[jax-shaw]); at (1/3, 5) the default run
 #: took 10.6 minutes on 2 cores, JAX's hypothesis tests about 4 of them.
-EXAMPLE_SHARE = {"jax": (1 / 5, 3), "dask": (1 / 3, 5)}
+EXAMPLE_SHARE = {"jax": (1 / 8, 2), "dask": (1 / 4, 3)}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Run in ``RELPOS_TEST_WORKERS`` worker processes (2) where pytest-xdist is installed."""
+    if not config.pluginmanager.hasplugin("xdist") or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if config.getoption("numprocesses", None) is not None:  # -n given: it decides
+        return
+    raw = os.environ.get("RELPOS_TEST_WORKERS", "2")
+    try:
+        workers = int(raw)
+    except ValueError:
+        raise pytest.UsageError(
+            f"RELPOS_TEST_WORKERS must be a whole number of processes, got {raw!r}") from None
+    if workers < 0:
+        raise pytest.UsageError(f"RELPOS_TEST_WORKERS must be 0 or more, got {workers}")
+    if workers and not config.getoption("collectonly", False):
+        config.option.numprocesses = workers
+        if config.getoption("dist", "no") == "no":
+            config.option.dist = "loadfile"
 
 
 @pytest.hookimpl(hookwrapper=True)

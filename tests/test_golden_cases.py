@@ -7,6 +7,7 @@ import hashlib
 import _reference as ref
 import numpy as np
 import pytest
+from conftest import PROFILE
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -253,6 +254,23 @@ def test_naive_pipeline_is_within_its_own_tolerance_and_tolerances_are_tight(cas
         assert tol["atol"] <= 2000 * eps * max(1.0, tol["max_abs_golden"]), (name, tol)
 
 
+def _cases_to_compare(backend: str) -> list:
+    """Every float64 case; on JAX under the ``ci`` profile, every other one of each scheme.
+
+    Each new shape costs JAX a compilation of every operation (a second a case); the cases
+    it skips run on torch and CuPy here, and on JAX under ``thorough``.
+    """
+    if backend != "jax" or PROFILE != "ci":
+        return FLOAT64
+    seen: dict[str, int] = {}
+    picked = []
+    for case in FLOAT64:
+        index = seen[case.scheme] = seen.get(case.scheme, -1) + 1
+        if index % 2 == 0:
+            picked.append(case)
+    return picked
+
+
 @pytest.mark.parametrize("name", ["torch", "jax", "cupy"])
 def test_goldens_agree_across_backends(name):
     from relpos_ref import backends
@@ -264,7 +282,7 @@ def test_goldens_agree_across_backends(name):
     from relpos_ref.golden.build import golden_backend, goldens_on
 
     be = golden_backend(name)
-    for case in FLOAT64:
+    for case in _cases_to_compare(name):
         inputs = case.inputs()
         want = golden_arrays(case, inputs)
         got = goldens_on(case, inputs, be)

@@ -145,7 +145,7 @@ def frequencies(rotary_dim: int, *, base: float, scaling: Mapping[str, Any] | No
 
 def angle_dtype(xp: Any, dtype: Any, device: Any, *, offset: int, t: int, name: str,
                 t_other: int = 0) -> Any:
-    """The dtype of the angles of positions ``offset .. offset + t - 1`` (and ``0 .. t_other - 1``).
+    """The dtype of the angles of positions ``offset`` to ``offset + t - 1`` (and ``t_other``'s).
 
     float64 where `device` has it, else `dtype`; a `ValueError` naming `name`
     where a position is beyond what that dtype holds exactly
@@ -235,7 +235,7 @@ def rope_cos_sin(
     device: Any = None,
     dtype: Any = None,
 ) -> tuple[Any, Any]:
-    r"""The cosines and sines a RoPE kernel multiplies by, positions ``offset .. offset + t - 1``.
+    r"""Cosines and sines a RoPE kernel multiplies by, positions ``offset`` to ``offset + t - 1``.
 
     .. math:: C_{ic} = a \cos\bigl((i + \text{offset})\,\theta'_c\bigr), \qquad
               S_{ic} = a \sin\bigl((i + \text{offset})\,\theta'_c\bigr)
