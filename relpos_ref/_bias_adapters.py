@@ -30,7 +30,8 @@ def _distances(t_q: int, t_k: int, q_offset: int) -> np.ndarray:
 
 def _table(caption: str, r: np.ndarray, rows: dict[str, np.ndarray]) -> list[str]:
     lines = [caption, f"{'r':>10} " + " ".join(f"{x:>8d}" for x in r)]
-    lines += [f"{name:>10} " + " ".join(f"{x:8.4f}" for x in row) for name, row in rows.items()]
+    for name, row in rows.items():  # + 0.0: no "-0.0000"
+        lines.append(f"{name:>10} " + " ".join(f"{x + 0.0:8.4f}" for x in row))
     return lines
 
 
@@ -44,18 +45,18 @@ def kerple_check(q, k, v, tables, *, scale, mask, causal, q_offset, options):
 def kerple_terms(q, k, tables, *, q_offset, i0, j0, options, method):
     return Terms(bias=kerple.kerple_bias(
         options["r1"], options["r2"], q.shape[-2], k.shape[-2],
-        q_offset=_off(q_offset, i0, j0), variant=options["variant"],
+        q_offset=_off(q_offset, i0, j0), kernel=options["kernel"],
     ))
 
 
 def kerple_show(*, t_q, t_k, q_offset, options):
     """Lines of ``relpos-ref show kerple``: the bias by distance at NeMo's initialization."""
-    variant = options.get("variant", "log")
+    kernel = options.get("kernel", "log")
     r = _distances(t_q, t_k, q_offset)
     r1 = np.asarray(alibi_slopes(SHOWN_HEADS))
     bias = np.asarray(kerple.kerple_kernel(np.abs(r).astype(np.float64), r1,
-                                           np.ones(SHOWN_HEADS), variant=variant))
-    caption = (f"bias B_h(r) of the {variant} kernel with r1 = alibi_slopes({SHOWN_HEADS}), "
+                                           np.ones(SHOWN_HEADS), kernel=kernel))
+    caption = (f"bias B_h(r) of the {kernel} kernel with r1 = alibi_slopes({SHOWN_HEADS}), "
                "r2 = 1 (NeMo's initialization), per head h")
     return _table(caption, r, {f"h={h}": row for h, row in enumerate(bias)})
 

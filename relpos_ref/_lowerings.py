@@ -158,7 +158,7 @@ def kerple_form(q, k, v, tables, *, call, mask, options):
     # the specification's kernel for one query against every distance of the grid
     grid = _one_query(call)
     row = kerple.kerple_bias(_wide(options["r1"]), _wide(options["r2"]), 1, grid["t_k"],
-                             q_offset=grid["q_offset"], variant=options["variant"])[:, 0, :]
+                             q_offset=grid["q_offset"], kernel=options["kernel"])[:, 0, :]
     index = distance_map(_identity(call.xp, grid["t_k"], _xp.device(q)), call)
     return DistanceForm(q, k, v, call, mask, biases=(BiasTerm(row, index),))
 

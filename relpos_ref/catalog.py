@@ -216,6 +216,8 @@ _ENTRIES = (
         lambda p: "sym" if p["symmetric"] else "causal-form",
         options=(Option("slopes", "one slope per head; default alibi_slopes(h)",
                         case_parameter=False),
+                 Option("slope_rule", "the default slopes: the paper's, or 2^(-8 (h + 1) / h) "
+                        "for any head count (attention-gym)", alibi.SLOPE_RULES),
                  Option("symmetric", "-m |r| (True) or the causal form m r", (True, False))),
         vjp=alibi.alibi_attention_vjp,
         shifted_terms=ad.alibi_shifted_terms,
@@ -224,12 +226,12 @@ _ENTRIES = (
         "kerple", "Chi et al. (2022), KERPLE",
         "-r1_h log(1 + r2_h |r|) or -r1_h |r|^r2_h, kernels of the distance, per head",
         kerple, kerple.kerple_attention, bad.kerple_check, bad.kerple_terms, ad.distance,
-        lambda p: p["variant"],
+        lambda p: p["kernel"],
         options=(Option("r1", "one value per head, > 0; default alibi_slopes(h)",
                         case_parameter=False),
                  Option("r2", "one value per head, > 0 (<= 2 for power); default 1",
                         case_parameter=False),
-                 Option("variant", "the kernel: log or power", kerple.VARIANTS, cli=True)),
+                 Option("kernel", "the kernel: log or power", kerple.KERNELS, cli=True)),
         vjp=kerple.kerple_attention_vjp, show=bad.kerple_show,
     ),
     Scheme(

@@ -29,13 +29,13 @@ __all__: list[str] = []
 
 @_register("kerple")
 def kerple_attention_vjp(
-    q, k, v, /, *, d_output, r1=None, r2=None, variant="log", scale=None, mask=None,
+    q, k, v, /, *, d_output, r1=None, r2=None, kernel="log", scale=None, mask=None,
     causal=None, q_offset=None,
 ):
     if not _ndarrays(q, k, v, r1, r2, d_output, mask):
         return NotImplemented
     call, used1, used2 = kerple.kerple_call(
-        q, k, v, r1=r1, r2=r2, variant=variant, scale=scale, mask=mask, causal=causal,
+        q, k, v, r1=r1, r2=r2, kernel=kernel, scale=scale, mask=mask, causal=causal,
         q_offset=q_offset,
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
@@ -43,7 +43,7 @@ def kerple_attention_vjp(
         return NotImplemented
     row = _by_distance_row(
         lambda t_q, t_k, off: kerple.kerple_bias(used1, used2, t_q, t_k, q_offset=off,
-                                                 variant=variant),
+                                                 kernel=kernel),
         call,
     )
     if not np.isfinite(row).all():
@@ -53,7 +53,7 @@ def kerple_attention_vjp(
     r_min, n = _distances(call)
     a = np.abs(np.arange(r_min, r_min + n)).astype(np.float64)
     d1, d2 = kerple._kernel_gradients(np, a, used1.astype(np.float64),
-                                      used2.astype(np.float64), variant)
+                                      used2.astype(np.float64), kernel)
     sums = term.sums.reshape(-1, n).astype(np.float64)  # (heads of the row, n)
     out = {}
     for name, used, d in (("r1", used1, d1), ("r2", used2, d2)):

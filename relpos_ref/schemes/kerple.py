@@ -47,7 +47,7 @@ from .alibi import alibi_slopes
 
 __all__ = [
     "DEFAULTS",
-    "VARIANTS",
+    "KERNELS",
     "kerple_attention",
     "kerple_attention_vjp",
     "kerple_bias",
@@ -59,10 +59,10 @@ __all__ = [
 DEFAULTS = PLAIN
 
 #: The two kernels of the paper.
-VARIANTS = ("log", "power")
+KERNELS = ("log", "power")
 
 
-def kerple_kernel(distance: Any, r1: Any, r2: Any, /, *, variant: str = "log") -> Any:
+def kerple_kernel(distance: Any, r1: Any, r2: Any, /, *, kernel: str = "log") -> Any:
     r"""The kernel of each head at each distance ``a``: the log or the power variant.
 
     .. math:: -r_1 \log(1 + r_2 a) \qquad\text{or}\qquad -r_1 a^{r_2}
@@ -73,7 +73,7 @@ def kerple_kernel(distance: Any, r1: Any, r2: Any, /, *, variant: str = "log") -
         Distances ``a = |r| >= 0``.
     r1, r2 : floating arrays, shape ``(h,)``
         One value per head (``(1,)`` broadcasts), of `distance`'s dtype.
-    variant : {"log", "power"}, optional
+    kernel : {"log", "power"}, optional
 
     Returns
     -------
@@ -83,25 +83,25 @@ def kerple_kernel(distance: Any, r1: Any, r2: Any, /, *, variant: str = "log") -
     --------
     >>> import array_api_strict as xp
     >>> a = xp.asarray([0.0, 1.0, 3.0])
-    >>> kerple_kernel(a, xp.asarray([2.0]), xp.asarray([1.0]), variant="log")
+    >>> kerple_kernel(a, xp.asarray([2.0]), xp.asarray([1.0]), kernel="log")
     Array([[-0.        , -1.38629436, -2.77258872]], dtype=array_api_strict.float64)
-    >>> kerple_kernel(a, xp.asarray([0.5]), xp.asarray([2.0]), variant="power")
+    >>> kerple_kernel(a, xp.asarray([0.5]), xp.asarray([2.0]), kernel="power")
     Array([[-0. , -0.5, -4.5]], dtype=array_api_strict.float64)
     """
-    variant = check_choice("variant", variant, VARIANTS)
+    kernel = check_choice("kernel", kernel, KERNELS)
     xp = _xp.array_namespace(distance, r1, r2)
     a = distance[None, :]
-    if variant == "log":
+    if kernel == "log":
         return -r1[:, None] * xp.log1p(r2[:, None] * a)
     return -r1[:, None] * xp.pow(a, r2[:, None])
 
 
-def _kernel_gradients(xp: Any, a: Any, r1: Any, r2: Any, variant: str) -> tuple[Any, Any]:
+def _kernel_gradients(xp: Any, a: Any, r1: Any, r2: Any, kernel: str) -> tuple[Any, Any]:
     # d kernel / d r1 and d r2 per head and distance, (h, n); 0 at a = 0 for the power's
     # r2 (a^r2 log a -> 0 there; the formula would read 0 * -inf)
     a = a[None, :]
     one, two = r1[:, None], r2[:, None]
-    if variant == "log":
+    if kernel == "log":
         return -xp.log1p(two * a), -one * a / (1 + two * a)
     power = xp.pow(a, two)
     positive = a > 0
@@ -130,7 +130,7 @@ def _check_params(xp: Any, **params: Any) -> None:
 
 
 def kerple_bias(
-    r1: Any, r2: Any, /, t_q: int, t_k: int, *, q_offset: int = 0, variant: str = "log",
+    r1: Any, r2: Any, /, t_q: int, t_k: int, *, q_offset: int = 0, kernel: str = "log",
 ) -> Any:
     r"""KERPLE's bias :math:`B^h_{ij}`, the kernel at :math:`|r_{ij}|`.
 
@@ -142,7 +142,7 @@ def kerple_bias(
         Number of queries and keys.
     q_offset : int, optional
         Position of query 0 (``t_k - t_q`` when decoding with a cache).
-    variant : {"log", "power"}, optional
+    kernel : {"log", "power"}, optional
 
     Returns
     -------
@@ -152,14 +152,14 @@ def kerple_bias(
     Examples
     --------
     >>> import array_api_strict as xp
-    >>> kerple_bias(xp.asarray([1.0]), xp.asarray([1.0]), 2, 3, variant="power")
+    >>> kerple_bias(xp.asarray([1.0]), xp.asarray([1.0]), 2, 3, kernel="power")
     Array([[[-0., -1., -2.],
             [-1., -0., -1.]]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(r1, r2)
     _check_params(xp, r1=r1, r2=r2)
     _xp.check_same_dtype(r1=r1, r2=r2)
-    variant = check_choice("variant", variant, VARIANTS)
+    kernel = check_choice("kernel", kernel, KERNELS)
     t_q = nonnegative_int("t_q", t_q)
     t_k = nonnegative_int("t_k", t_k)
     q_offset = as_int("q_offset", q_offset)
@@ -167,7 +167,7 @@ def kerple_bias(
     wide = _wide(xp, r1.dtype, dev, _largest(t_q, t_k, q_offset), q_offset)
     r = relative_positions(t_q, t_k, q_offset=q_offset, xp=xp, device=dev)
     a = xp.reshape(xp.astype(xp.abs(r), wide), (-1,))
-    bias = kerple_kernel(a, xp.astype(r1, wide), xp.astype(r2, wide), variant=variant)
+    bias = kerple_kernel(a, xp.astype(r1, wide), xp.astype(r2, wide), kernel=kernel)
     return xp.astype(xp.reshape(bias, (bias.shape[0], t_q, t_k)), r1.dtype)
 
 
@@ -190,7 +190,7 @@ def _default_or_checked(call: Call, name: str, given: Any, default: Any, q: Any)
 
 
 def kerple_call(
-    q: Any, k: Any, v: Any, /, *, r1: Any, r2: Any, variant: str, scale: float | None,
+    q: Any, k: Any, v: Any, /, *, r1: Any, r2: Any, kernel: str, scale: float | None,
     mask: Any, causal: bool | None, q_offset: int | None,
 ) -> tuple[Call, Any, Any]:
     """Validate a `kerple_attention` call; return it and the parameters ``r1``, ``r2``.
@@ -202,7 +202,7 @@ def kerple_call(
     --------
     >>> import array_api_strict as xp
     >>> q = k = v = xp.zeros((2, 3, 4))
-    >>> _, r1, r2 = kerple_call(q, k, v, r1=None, r2=None, variant="log", scale=None,
+    >>> _, r1, r2 = kerple_call(q, k, v, r1=None, r2=None, kernel="log", scale=None,
     ...                         mask=None, causal=None, q_offset=None)
     >>> r1
     Array([0.0625    , 0.00390625], dtype=array_api_strict.float64)
@@ -211,7 +211,7 @@ def kerple_call(
     """
     call = resolve_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
                         defaults=DEFAULTS, tables=(r1, r2))
-    check_choice("variant", variant, VARIANTS)
+    check_choice("kernel", kernel, KERNELS)
     used1 = _default_or_checked(call, "r1", r1, alibi_slopes, q)
     used2 = _default_or_checked(call, "r2", r2, lambda h: [1.0] * h, q)
     return call, used1, used2
@@ -226,7 +226,7 @@ def kerple_attention(
     *,
     r1: Any = None,
     r2: Any = None,
-    variant: str = "log",
+    kernel: str = "log",
     scale: float | None = None,
     mask: Any = None,
     causal: bool | None = None,
@@ -244,7 +244,7 @@ def kerple_attention(
         Heads at axis -3.
     r1, r2 : floating arrays ``(h,)``, optional
         Default: ``alibi_slopes(h)`` and ones (NeMo's initialization).
-    variant : {"log", "power"}, optional
+    kernel : {"log", "power"}, optional
     scale, mask, causal, q_offset, return_weights
         As in `relpos_ref.attention` (defaults `DEFAULTS`).
 
@@ -260,10 +260,10 @@ def kerple_attention(
     >>> bool(w[0, 2, 2] > w[0, 2, 1] > w[0, 2, 0])
     True
     """
-    call, used1, used2 = kerple_call(q, k, v, r1=r1, r2=r2, variant=variant, scale=scale,
+    call, used1, used2 = kerple_call(q, k, v, r1=r1, r2=r2, kernel=kernel, scale=scale,
                                      mask=mask, causal=causal, q_offset=q_offset)
     bias = kerple_bias(used1, used2, call.t_q, call.t_k, q_offset=call.q_offset,
-                       variant=variant)
+                       kernel=kernel)
     return attention(q, k, v, scale=call.scale, mask=mask, causal=call.causal,
                      q_offset=call.q_offset, bias=bias, return_weights=return_weights)
 
@@ -278,7 +278,7 @@ def kerple_attention_vjp(
     d_output: Any,
     r1: Any = None,
     r2: Any = None,
-    variant: str = "log",
+    kernel: str = "log",
     scale: float | None = None,
     mask: Any = None,
     causal: bool | None = None,
@@ -296,7 +296,7 @@ def kerple_attention_vjp(
 
     Parameters
     ----------
-    q, k, v, r1, r2, variant, scale, mask, causal, q_offset
+    q, k, v, r1, r2, kernel, scale, mask, causal, q_offset
         As in `kerple_attention`.
     d_output : floating array, shape ``(..., t_q, d_v)``
         :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
@@ -316,11 +316,11 @@ def kerple_attention_vjp(
     >>> g["r1"]  # a larger r1 pulls each query towards its own key
     Array([0.], dtype=array_api_strict.float64)
     """
-    call, used1, used2 = kerple_call(q, k, v, r1=r1, r2=r2, variant=variant, scale=scale,
+    call, used1, used2 = kerple_call(q, k, v, r1=r1, r2=r2, kernel=kernel, scale=scale,
                                      mask=mask, causal=causal, q_offset=q_offset)
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     bias = kerple_bias(used1, used2, call.t_q, call.t_k, q_offset=call.q_offset,
-                       variant=variant)
+                       kernel=kernel)
     fwd = forward(q, k, call, mask=mask, bias=bias)
     core = core_vjp(q, k, v, d_output, call, fwd)
     grads = {"q": sum_to_shape(core.dq, q.shape), "k": sum_to_shape(core.dk, k.shape),
@@ -333,7 +333,7 @@ def kerple_attention_vjp(
     per_head = xp.astype(sum_to_shape(scalar_rows_vjp(core.d_logits, axis), (heads, axis.n)),
                          wide)
     d1, d2 = _kernel_gradients(xp, xp.astype(xp.abs(r), wide), xp.astype(used1, wide),
-                               xp.astype(used2, wide), variant)
+                               xp.astype(used2, wide), kernel)
     for name, used, d in (("r1", used1, d1), ("r2", used2, d2)):
         total = xp.sum(per_head * d, axis=-1)
         grads[name] = xp.astype(sum_to_shape(total, used.shape), q.dtype)
