@@ -38,9 +38,9 @@ BIAS_PRESETS: tuple[dict[str, Any], ...] = (
                           "csrc/flash_attn/src/alibi.h)",
         "scheme": "alibi",
         "params": {"symmetric": True},
-        "notes": "bias -slope abs(i + t_k - t_q - j): queries end-aligned, our q_offset = t_k - t_q "
-                 "(pass it: our default is start-aligned); added after the softmax scale, as "
-                 "ours. With causal=True it adds slope * j instead, which differs from "
+        "notes": "bias -slope abs(i + t_k - t_q - j): queries end-aligned, our q_offset = "
+                 "t_k - t_q (pass it: our default is start-aligned); added after the softmax "
+                 "scale, as ours. With causal=True it adds slope * j instead, which differs from "
                  "-slope abs(r) by slope (i + t_k - t_q) in each row, a constant softmax ignores, "
                  "under its bottom-right causal mask (our causal with q_offset = t_k - t_q). "
                  "alibi_slopes is (h,) or (batch, h): pass each batch's row as slopes.",
@@ -90,9 +90,12 @@ BIAS_PRESETS: tuple[dict[str, Any], ...] = (
                           "common.megatron.position_embedding)",
         "scheme": "kerple",
         "params": {"kernel": "log"},
-        "notes": "-kerple_b log(1 + kerple_a abs(i - j)^kerple_p), abs(i - j) end-aligned (the last "
-                 "t_q rows and t_k columns of a square matrix), future distances zeroed "
-                 "(tril) when not bidirectional; the log kernel for kerple_p = 1 (its "
+        "notes": "-kerple_b log(1 + kerple_a abs(i - j)^kerple_p), abs(i - j) end-aligned "
+                 "(the last t_q rows and t_k columns of a square matrix); not bidirectional, "
+                 "it tril()s that (t_q, t_k) slice, start-aligned: with t_q < t_k the "
+                 "t_k - t_q - 1 most recent past keys of each query lose their bias (ours "
+                 "when t_q = t_k); "
+                 "the log kernel for kerple_p = 1 (its "
                  "initialization), r1 = kerple_b (initialized to the ALiBi slopes), r2 = "
                  "kerple_a (ones; a constant 0 before NVIDIA-NeMo PR #6666, so every bias was "
                  "0): to_canonical(param) reshapes (1, h, 1, 1) to (h,).",
@@ -107,7 +110,8 @@ BIAS_PRESETS: tuple[dict[str, Any], ...] = (
         "params": {"start": 1},
         "notes": "frequencies 10000^(-2c / hidden_size) for c = 1 .. hidden_size / 2 "
                  "(start = 1, d_bar = hidden_size, the per-head width); minus hidden_size / 2, "
-                 "over 8 (h + 1) / H; abs(i - j) end-aligned, tril when not bidirectional.",
+                 "over 8 (h + 1) / H; abs(i - j) end-aligned, and the same start-aligned tril as "
+                 "nemo-kerple when not bidirectional.",
         "verified_by": "worked example (tests/test_peers_biases.py) transcribing NeMo's "
                        "forward",
     },

@@ -406,7 +406,7 @@ def _base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
         # kerple: NeMo's initialization (r1 the ALiBi slopes, r2 = 1), both kernels
         ("kerple", "log-causal-end", {"h": 3, "t_q": 4, "t_k": 9, "d": 8, "causal": True,
                                       "q_offset": 5}),
-        ("kerple", "power-masked", {"h": 2, "t_q": 6, "t_k": 6, "d": 8, "kernel": "power",
+        ("kerple", "power-masked", {"h": 3, "t_q": 7, "t_k": 7, "d": 8, "kernel": "power",
                                     "masked": True}),
         # sandwich: the paper's 128-wide sinusoids, and NeMo's first frequency
         ("sandwich", "causal-end", {"h": 4, "t_q": 4, "t_k": 9, "d": 8, "causal": True,

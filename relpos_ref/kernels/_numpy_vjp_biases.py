@@ -54,7 +54,7 @@ def kerple_attention_vjp(
     a = np.abs(np.arange(r_min, r_min + n)).astype(np.float64)
     d1, d2 = kerple._kernel_gradients(np, a, used1.astype(np.float64),
                                       used2.astype(np.float64), kernel)
-    sums = term.sums.reshape(-1, n).astype(np.float64)  # (heads of the row, n)
+    sums = term.sums.astype(np.float64)  # (heads of the row, n)
     out = {}
     for name, used, d in (("r1", used1, d1), ("r2", used2, d2)):
         total = (sums * d).sum(axis=-1)
