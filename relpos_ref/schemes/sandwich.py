@@ -50,7 +50,19 @@ DEFAULTS = PLAIN
 
 
 def sandwich_ratios(num_heads: int) -> tuple[float, ...]:
-    """ALiBi's compression ratios ``rho_h = 8 (h + 1) / H`` (Python floats).
+    r"""ALiBi's compression ratios ``rho_h = 8 (h + 1) / H`` (Python floats).
+
+    .. math:: \rho_h = \frac{8 (h + 1)}{H}, \qquad h = 0 .. H - 1
+
+    Parameters
+    ----------
+    num_heads : int
+        ``H >= 1``.
+
+    Returns
+    -------
+    tuple of float
+        One divisor per head, smallest first.
 
     Examples
     --------
