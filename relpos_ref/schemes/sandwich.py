@@ -50,7 +50,7 @@ DEFAULTS = PLAIN
 
 
 def sandwich_ratios(num_heads: int) -> tuple[float, ...]:
-    r"""ALiBi's compression ratios ``rho_h = 8 (h + 1) / H`` (Python floats).
+    r"""ALiBi's compression ratios, one divisor per head (Python floats).
 
     .. math:: \rho_h = \frac{8 (h + 1)}{H}, \qquad h = 0 .. H - 1
 
