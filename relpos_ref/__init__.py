@@ -62,12 +62,17 @@ from .schemes import (
     general_window,
     grid2d_index,
     grid2d_logits,
+    kerple_bias,
+    kerple_kernel,
     music_index,
     music_logits,
     music_values,
     rope_cos_sin,
     rope_frequencies,
     rope_rotate,
+    sandwich_bias,
+    sandwich_kernel,
+    sandwich_ratios,
     shaw_index,
     shaw_logits,
     shaw_values,
@@ -91,8 +96,10 @@ bias_attention = _dispatched("bias", _schemes.bias_attention)
 deberta_attention = _dispatched("deberta", _schemes.deberta_attention)
 general_attention = _dispatched("general", _schemes.general_attention)
 grid2d_attention = _dispatched("grid2d", _schemes.grid2d_attention)
+kerple_attention = _dispatched("kerple", _schemes.kerple_attention)
 music_attention = _dispatched("music", _schemes.music_attention)
 rope_attention = _dispatched("rope", _schemes.rope_attention)
+sandwich_attention = _dispatched("sandwich", _schemes.sandwich_attention)
 shaw_attention = _dispatched("shaw", _schemes.shaw_attention)
 swin_attention = _dispatched("swin", _schemes.swin_attention)
 t5_attention = _dispatched("t5", _schemes.t5_attention)
@@ -105,8 +112,10 @@ bias_attention_vjp = _dispatched("bias", _schemes.bias_attention_vjp, vjp=True)
 deberta_attention_vjp = _dispatched("deberta", _schemes.deberta_attention_vjp, vjp=True)
 general_attention_vjp = _dispatched("general", _schemes.general_attention_vjp, vjp=True)
 grid2d_attention_vjp = _dispatched("grid2d", _schemes.grid2d_attention_vjp, vjp=True)
+kerple_attention_vjp = _dispatched("kerple", _schemes.kerple_attention_vjp, vjp=True)
 music_attention_vjp = _dispatched("music", _schemes.music_attention_vjp, vjp=True)
 rope_attention_vjp = _dispatched("rope", _schemes.rope_attention_vjp, vjp=True)
+sandwich_attention_vjp = _dispatched("sandwich", _schemes.sandwich_attention_vjp, vjp=True)
 shaw_attention_vjp = _dispatched("shaw", _schemes.shaw_attention_vjp, vjp=True)
 swin_attention_vjp = _dispatched("swin", _schemes.swin_attention_vjp, vjp=True)
 t5_attention_vjp = _dispatched("t5", _schemes.t5_attention_vjp, vjp=True)
@@ -179,6 +188,10 @@ __all__ = [
     "grid2d_index",
     "grid2d_logits",
     "grid_positions",
+    "kerple_attention",
+    "kerple_attention_vjp",
+    "kerple_bias",
+    "kerple_kernel",
     "masked_softmax",
     "music_attention",
     "music_attention_vjp",
@@ -193,6 +206,11 @@ __all__ = [
     "rope_cos_sin",
     "rope_frequencies",
     "rope_rotate",
+    "sandwich_attention",
+    "sandwich_attention_vjp",
+    "sandwich_bias",
+    "sandwich_kernel",
+    "sandwich_ratios",
     "shaw_attention",
     "shaw_attention_vjp",
     "shaw_index",

@@ -26,7 +26,7 @@ from .lowering import (
     distances,
 )
 from .positions import grid_positions
-from .schemes import alibi, deberta, general, music, shaw, t5, transformer_xl
+from .schemes import alibi, deberta, general, kerple, music, sandwich, shaw, t5, transformer_xl
 
 
 def _wide(x: Any) -> Any:
@@ -154,6 +154,26 @@ def alibi_form(q, k, v, tables, *, call, mask, options):
     return DistanceForm(q, k, v, call, mask, biases=(BiasTerm(row, index),))
 
 
+def kerple_form(q, k, v, tables, *, call, mask, options):
+    # the specification's kernel for one query against every distance of the grid
+    grid = _one_query(call)
+    row = kerple.kerple_bias(_wide(options["r1"]), _wide(options["r2"]), 1, grid["t_k"],
+                             q_offset=grid["q_offset"], kernel=options["kernel"])[:, 0, :]
+    index = distance_map(_identity(call.xp, grid["t_k"], _xp.device(q)), call)
+    return DistanceForm(q, k, v, call, mask, biases=(BiasTerm(row, index),))
+
+
+def sandwich_form(q, k, v, tables, *, call, mask, options):
+    grid = _one_query(call)
+    xp = call.xp
+    ratios = xp.asarray(sandwich.sandwich_ratios(q.shape[-3]), dtype=_wide(q).dtype,
+                        device=_xp.device(q))
+    row = sandwich.sandwich_bias(ratios, 1, grid["t_k"], q_offset=grid["q_offset"],
+                                 d_bar=options["d_bar"], start=options["start"])[:, 0, :]
+    index = distance_map(_identity(xp, grid["t_k"], _xp.device(q)), call)
+    return DistanceForm(q, k, v, call, mask, biases=(BiasTerm(row, index),))
+
+
 def rope_form(q, k, v, tables, *, call, mask, options):
     q, k = _wide(q), _wide(k)
     from ._adapters import rope_rotate
@@ -201,6 +221,8 @@ LOWERINGS = {
     "grid2d": grid2d_form,
     "t5": t5_form,
     "alibi": alibi_form,
+    "kerple": kerple_form,
+    "sandwich": sandwich_form,
     "swin": swin_form,
     "rope": rope_form,
     "transformer_xl": transformer_xl_form,

@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import _adapters as ad
+from . import _bias_adapters as bad
 from ._adapters import Terms
 from ._catalog_types import Option, Scheme, Size, Table
 from ._lowerings import LOWERINGS
@@ -53,9 +54,11 @@ from .schemes import (
     deberta,
     general,
     grid2d,
+    kerple,
     music,
     rope,
     rope_angles,
+    sandwich,
     shaw,
     swin,
     t5,
@@ -213,9 +216,33 @@ _ENTRIES = (
         lambda p: "sym" if p["symmetric"] else "causal-form",
         options=(Option("slopes", "one slope per head; default alibi_slopes(h)",
                         case_parameter=False),
+                 Option("slope_rule", "the default slopes: the paper's, or 2^(-8 (h + 1) / h) "
+                        "for any head count (attention-gym)", alibi.SLOPE_RULES),
                  Option("symmetric", "-m |r| (True) or the causal form m r", (True, False))),
         vjp=alibi.alibi_attention_vjp,
         shifted_terms=ad.alibi_shifted_terms,
+    ),
+    Scheme(
+        "kerple", "Chi et al. (2022), KERPLE",
+        "-r1_h log(1 + r2_h |r|) or -r1_h |r|^r2_h, kernels of the distance, per head",
+        kerple, kerple.kerple_attention, bad.kerple_check, bad.kerple_terms, ad.distance,
+        lambda p: p["kernel"],
+        options=(Option("r1", "one value per head, > 0; default alibi_slopes(h)",
+                        case_parameter=False),
+                 Option("r2", "one value per head, > 0 (<= 2 for power); default 1",
+                        case_parameter=False),
+                 Option("kernel", "the kernel: log or power", kerple.KERNELS, cli=True)),
+        vjp=kerple.kerple_attention_vjp, show=bad.kerple_show,
+    ),
+    Scheme(
+        "sandwich", "Chi et al. (2023), Sandwich",
+        "(sum_c cos(r w_c) - d_bar/2) / (8 (h + 1) / H), sinusoids' inner product, no parameter",
+        sandwich, sandwich.sandwich_attention, bad.sandwich_check, bad.sandwich_terms,
+        ad.distance, lambda p: f"D{p['d_bar']}-c{p['start']}",
+        options=(Option("d_bar", "width of the sinusoids (even)", cli=True, positive=True),
+                 Option("start", "index c_0 of the first frequency: 0 (attention-gym) or 1 "
+                        "(NeMo)", cli=True)),
+        vjp=sandwich.sandwich_attention_vjp, show=bad.sandwich_show,
     ),
     Scheme(
         "swin", "Liu et al. (2021), Swin Transformer",

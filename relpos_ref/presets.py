@@ -25,6 +25,13 @@ transformer-xl                 txl       ``r_net`` ``(h d, d_model)``: split hea
 xlnet                          txl       ``r`` ``(d_model, h, d)``: heads first; ``bi``: not causal
 hf-deberta-v2                  deberta   rows ``i - j + S``: reverse; ``(2S, h d)``: split heads
 hf-rope                        rope      no table: `rope_from_config` reads ``rope_parameters``
+flash-attn-alibi               alibi     end-aligned ``-m |r|``; causal: ``m j`` (a row constant)
+hf-bloom-alibi                 alibi     key-only ``m j``: the causal form plus a row constant
+hf-mpt-alibi                   alibi     key-only ``m (j - L + 1)``; its slopes are the paper's
+attention-gym-alibi            alibi     ``(kv - q) 2^(-8(h+1)/H)``: causal form, power-of-two rule
+nemo-kerple                    kerple    ``-b log(1 + a |r|^p)``, p = 1; ``(1, h, 1, 1)``: reshape
+nemo-sandwich                  sandwich  first frequency c = 1 (``start=1``), d_bar = head width
+attention-gym-sandwich         sandwich  no ``- d_bar/2`` (a head constant); start-aligned indices
 =============================  ========  ==========================================================
 
 (``txl`` is ``transformer_xl``.)
@@ -46,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _xp
+from ._bias_presets import BIAS_PRESETS
 from ._rope_presets import rope_from_config
 
 __all__ = ["PRESETS", "Preset", "bert_key_query", "rope_from_config"]
@@ -401,5 +409,6 @@ PRESETS: Mapping[str, Preset] = {
             "peer test (tests/test_peers_rope.py) against transformers' rotary embeddings, "
             "cos/sin and rotated q/k",
         ),
+        *(Preset(**fields) for fields in BIAS_PRESETS),
     )
 }

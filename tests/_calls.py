@@ -92,6 +92,11 @@ def _lengths(draw, scheme, longest=9):
         options["max_distance"] = draw(st.integers(sizes["buckets"] // 2, 20))
     elif scheme == "alibi":
         options["symmetric"] = draw(st.booleans())
+    elif scheme == "kerple":
+        options["kernel"] = draw(st.sampled_from(["log", "power"]))
+    elif scheme == "sandwich":
+        options["d_bar"] = draw(st.sampled_from([2, 16]))
+        options["start"] = draw(st.sampled_from([0, 1]))
     elif scheme == "rope":
         options["layout"] = draw(st.sampled_from(["half", "interleaved"]))
         options["rotary_dim"] = draw(st.sampled_from([None, 2]))
@@ -150,4 +155,8 @@ def calls(draw, scheme, dtypes=("float32", "float64"), longest=9, heads=None):
             kwargs["bias"] = normal(heads, t_q, t_k)
     if scheme == "alibi" and draw(st.booleans()):
         kwargs["slopes"] = (rng.random(heads) + 0.1).astype(dtype)
+    if scheme == "kerple":  # per-head parameters (> 0), or the defaults
+        for name in ("r1", "r2"):
+            if draw(st.booleans()):
+                kwargs[name] = (rng.random(heads) + 0.1).astype(dtype)
     return (q, k, v, *entry.table_args(tables)), kwargs

@@ -319,6 +319,26 @@ def alibi_slopes(n: int) -> list[float]:
     return power_of_two(p) + power_of_two(2 * p)[0::2][: n - p]
 
 
+def alibi_power_of_two_slopes(n: int) -> list[float]:
+    """attention-gym and the PyTorch blog: 2^(-8 (h + 1) / n) for h = 0 .. n - 1, any n."""
+    return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+
+
+def kerple_value(r1: float, r2: float, r: int, kernel: str) -> float:
+    """Chi et al. 2022: -r1 log(1 + r2 |r|) (log) or -r1 |r|^r2 (power)."""
+    a = abs(r)
+    if kernel == "log":
+        return -r1 * math.log(1.0 + r2 * a)
+    return -r1 * a**r2
+
+
+def sandwich_value(h: int, heads: int, r: int, d_bar: int, start: int) -> float:
+    """Chi et al. 2023: (sum_c cos(r 10000^(-2c/d_bar)) - d_bar/2) / (8 (h + 1) / heads)."""
+    total = sum(math.cos(r * 10000.0 ** (-2.0 * c / d_bar))
+                for c in range(start, start + d_bar // 2))
+    return (total - d_bar / 2) / (8.0 * (h + 1) / heads)
+
+
 def swin_row(wh: int, ww: int, n: int, m: int) -> int:
     """Swin table row for query token n and key token m (row-major), key minus query."""
     dy = m // ww - n // ww

@@ -38,6 +38,10 @@ def _case(name, rng, t_q, t_k):
         return (normal(H, 16),), {"max_distance": 9}, rp.t5_attention
     if name == "alibi":
         return (), {"symmetric": False}, lambda q, k, v, **kw: rp.alibi_attention(q, k, v, **kw)
+    if name == "kerple":
+        return (), {"kernel": "log"}, lambda q, k, v, **kw: rp.kerple_attention(q, k, v, **kw)
+    if name == "sandwich":
+        return (), {"d_bar": 16}, lambda q, k, v, **kw: rp.sandwich_attention(q, k, v, **kw)
     if name == "rope":
         return (), {"rotary_dim": 2}, lambda q, k, v, **kw: rp.rope_attention(q, k, v, **kw)
     if name == "transformer_xl":

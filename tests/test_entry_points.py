@@ -27,7 +27,8 @@ SIZES = {"K": 2, "P": None, "M": 4, "t_max": 9, "height": 2, "width": 3, "bucket
 OTHER_OPTIONS = {
     "shaw": {"beyond": "zero"}, "bias": {"beyond": "zero"}, "music": {"beyond": "zero"},
     "general": {"order": "future_to_past"}, "t5": {"bidirectional": False, "max_distance": 9},
-    "alibi": {"symmetric": False}, "rope": {"layout": "interleaved", "base": 100.0},
+    "alibi": {"symmetric": False}, "kerple": {"kernel": "power"},
+    "sandwich": {"d_bar": 16, "start": 1}, "rope": {"layout": "interleaved", "base": 100.0},
     "transformer_xl": {"clamp_len": 2}, "deberta": {"max_position": 8},
     "absolute": {}, "grid2d": {}, "swin": {},
 }

@@ -150,13 +150,26 @@ def _reference_terms(case, x):
 
         return {"bias_value": t5}
     if s == "alibi":
-        m = ref.alibi_slopes(p["h"])
+        m = (ref.alibi_power_of_two_slopes(p["h"]) if p["slope_rule"] == "power_of_two"
+             else ref.alibi_slopes(p["h"]))
 
         def alibi(h, i, j):
             r = j - (i + off)
             return m[h] * (-abs(r) if p["symmetric"] else r)
 
         return {"bias_value": alibi}
+    if s == "kerple":  # NeMo's initialization: r1 the ALiBi slopes, r2 = 1
+        m = ref.alibi_slopes(p["h"])
+
+        def kerple(h, i, j):
+            return ref.kerple_value(m[h], 1.0, j - (i + off), p["kernel"])
+
+        return {"bias_value": kerple}
+    if s == "sandwich":
+        def sandwich(h, i, j):
+            return ref.sandwich_value(h, p["h"], j - (i + off), p["d_bar"], p["start"])
+
+        return {"bias_value": sandwich}
     if s == "swin":
         def swin(h, a, b):
             row = ref.swin_row(p["height"], p["width"], a, b)

@@ -65,15 +65,15 @@ def test_every_case_stores_its_cotangent_and_every_gradient(suite):
         tables = [n for n, info in case.entry["arrays"].items()
                   if info["role"] == "input" and n not in ("q", "k", "v", "mask")]
         want = ["dq", "dk", "dv", *(f"d_{t}" for t in tables)]
-        if case.scheme == "alibi":  # the slopes: not an input, but a parameter with a gradient
-            want.append("d_slopes")
+        # parameters that are not inputs but have a gradient: ALiBi's slopes, KERPLE's r1, r2
+        want += {"alibi": ["d_slopes"], "kerple": ["d_r1", "d_r2"]}.get(case.scheme, [])
         assert sorted(case.gradient_names) == sorted(want), case.id
         assert case.entry["arrays"]["d_output"]["role"] == "cotangent"
         assert case.d_output.dtype == numpy_dtype(case.dtype)
         assert case.d_output.shape == case.expected["output"].shape
         for name in want:
             argument = {"dq": "q", "dk": "k", "dv": "v"}.get(name, name[2:])
-            if argument != "slopes":
+            if argument not in ("slopes", "r1", "r2"):
                 assert case.expected[name].shape == case.inputs[argument].shape, (case.id, name)
             assert case.expected[name].dtype == np.float64
             assert np.isfinite(case.expected[name]).all(), (case.id, name)

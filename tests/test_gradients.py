@@ -47,6 +47,8 @@ EXTRA = {
     "t5": {"buckets": st.sampled_from([8, 16]), "bidirectional": st.booleans(),
            "max_distance": st.sampled_from([12, 20])},
     "alibi": {"symmetric": st.booleans()},
+    "kerple": {"kernel": st.sampled_from(["log", "power"])},
+    "sandwich": {"d_bar": st.sampled_from([2, 16]), "start": st.sampled_from([0, 1])},
     "swin": {"height": st.integers(1, 3), "width": st.integers(1, 3)},
     "rope": {"rotary_dim": st.sampled_from([None, 2]),
              "layout": st.sampled_from(["half", "interleaved"])},
@@ -96,6 +98,9 @@ def _call(case: Case) -> tuple[list[str], list[np.ndarray], dict[str, Any], np.n
     if entry.name == "alibi":  # learned slopes: differentiate them too
         names.append("slopes")
         values.append(np.asarray(rp.alibi_slopes(p["h"]), dtype=np.float64))
+    if entry.name == "kerple":  # KERPLE's learned r1, r2 (> 0) too
+        names += ["r1", "r2"]
+        values += [np.asarray(rp.alibi_slopes(p["h"])) * 4, np.linspace(0.5, 1.5, p["h"])]
     return names, values, kwargs, arrays.get("mask")
 
 
@@ -105,7 +110,7 @@ def _split(case: Case, names: list[str], values: list[Any]) -> tuple[list[Any], 
     tables = [by_name.get(t.name) for t in case.entry.tables]
     while tables and tables[-1] is None:
         tables.pop()
-    keywords = {"slopes": by_name["slopes"]} if "slopes" in by_name else {}
+    keywords = {n: by_name[n] for n in ("slopes", "r1", "r2") if n in by_name}
     return [by_name["q"], by_name["k"], by_name["v"], *tables], keywords
 
 
@@ -208,7 +213,8 @@ def test_plain_attention_vjp_equals_jax_autodiff():
 
 SMALL = {"absolute": {}, "shaw": {"K": 2}, "bias": {"K": 2}, "music": {"M": 3, "values": True},
          "general": {"t_max": 6}, "grid2d": {"height": 2, "width": 3},
-         "t5": {"buckets": 8, "max_distance": 12}, "alibi": {},
+         "t5": {"buckets": 8, "max_distance": 12}, "alibi": {}, "kerple": {"kernel": "power"},
+         "sandwich": {"d_bar": 16},
          "swin": {"height": 2, "width": 3}, "rope": {"rotary_dim": 2},
          "transformer_xl": {"d_model": 4, "clamp_len": 2}, "deberta": {"span": 3}}
 

@@ -35,7 +35,8 @@ from relpos_ref.kernels import _numpy_vjp, _numpy_vjps
 from relpos_ref.kernels._numpy_vjp import band_view, skew_view, tile_products, tile_rows
 
 VJP_KERNELS = kernels.vjp_kernels("numpy")
-COVERED = ["plain", "absolute", "alibi", "bias", "deberta", "general", "grid2d", "music", "rope",
+COVERED = ["plain", "absolute", "alibi", "bias", "deberta", "general", "grid2d", "kerple", "music",
+           "rope", "sandwich",
            "shaw", "swin", "t5", "transformer_xl"]
 GRIDS = ("grid2d", "swin")  # self-attention over a row-major grid of h x w tokens
 RTOL = {"float64": 1e-10, "float32": 2e-4}

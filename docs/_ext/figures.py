@@ -204,6 +204,8 @@ FIGURES = {
     "grid2d": {"height": 2, "width": 3},
     "t5": {"t_q": T, "t_k": T, "buckets": 8, "max_distance": 8},
     "alibi": {"t_q": T, "t_k": T},
+    "kerple": {"t_q": T, "t_k": T},
+    "sandwich": {"t_q": T, "t_k": T, "d_bar": 16},
     "rope": {"t_q": T, "t_k": T},
     "swin": {"height": 2, "width": 3},
     "transformer_xl": {"t_q": T - 4, "t_k": T, "d_model": 16},

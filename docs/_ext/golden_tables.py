@@ -57,7 +57,8 @@ def golden_parameter_rows() -> str:
                            for k, v in scheme_defaults(entry).items()).replace("|", "\\|")
         kwargs = golden_kwargs(entry)
         tables = [t.name for t in entry.tables]
-        arguments = ["q", "k", "v", *tables, *(["slopes"] if name == "alibi" else [])]
+        learned = {"alibi": ["slopes"], "kerple": ["r1", "r2"]}.get(name, [])  # not inputs
+        arguments = ["q", "k", "v", *tables, *learned]
         rows.append(
             f"| `{name}` | {params or '(none)'} | {', '.join(kwargs)} | "
             f"{', '.join(f'`{t}`' for t in tables) or '(none)'} | "

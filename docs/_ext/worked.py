@@ -315,6 +315,8 @@ EXAMPLES = {
     "grid2d": {"height": 2, "width": 3},
     "t5": {"t_q": 4, "t_k": 8, "q_offset": 2, "buckets": 8, "max_distance": 16},
     "alibi": {"t_q": 4, "t_k": 4},
+    "kerple": {"t_q": 4, "t_k": 4},
+    "sandwich": {"t_q": 4, "t_k": 4, "d_bar": 16},
     "rope": {"t_q": 4, "t_k": 4},
     "swin": {"height": 2, "width": 2},
     "transformer_xl": {"t_q": 3, "t_k": 5, "clamp_len": 2},
@@ -396,6 +398,28 @@ def _alibi_extra() -> list[Step]:
             Step("`alibi_bias(slopes[:1], 4, 4)`: `-m |r|` for head 0", bias)]
 
 
+def _kerple_extra() -> list[Step]:
+    a = np.arange(6.0)
+    r1, r2 = np.asarray(rp.alibi_slopes(2)), np.ones(2)
+    log = np.asarray(rp.kerple_kernel(xp.asarray(a), xp.asarray(r1), xp.asarray(r2)))
+    power = np.asarray(rp.kerple_kernel(xp.asarray(a), xp.asarray(r1), xp.asarray(r2),
+                                        kernel="power"))
+    return [Step("`kerple_kernel(|r|, r1, r2)` at NeMo's initialization for 2 heads "
+                 "(`r1 = alibi_slopes(2)`, `r2 = 1`): log, then power (ALiBi)",
+                 np.concatenate([log, power]), rows=("log h=0", "log h=1", "power h=0",
+                                                     "power h=1"),
+                 cols=_labels("|r|=", range(6)))]
+
+
+def _sandwich_extra() -> list[Step]:
+    r = np.arange(6.0)
+    sums = np.asarray(rp.sandwich_kernel(xp.asarray(r), d_bar=16))
+    ratios = np.asarray(rp.sandwich_ratios(4))
+    return [Step("`sandwich_kernel(r, d_bar=16)`: `sum_c cos(r w_c) - 8`", sums[None],
+                 rows=("sum",), cols=_labels("r=", range(6))),
+            Step("`sandwich_ratios(4)`: `8 (h + 1) / 4`, the divisor of each head", ratios)]
+
+
 def _rope_extra() -> list[Step]:
     theta = np.asarray(rp.rope_frequencies(8))
     angles = np.arange(4)[:, None] * theta[None, :]
@@ -415,7 +439,7 @@ def _deberta_extra() -> list[Step]:
 
 #: Steps a page shows besides its index tables.
 EXTRAS = {"bias": _bias_extra, "t5": _t5_extra, "alibi": _alibi_extra, "rope": _rope_extra,
-          "deberta": _deberta_extra}
+          "deberta": _deberta_extra, "kerple": _kerple_extra, "sandwich": _sandwich_extra}
 
 
 def preset_rows(scheme: str) -> str:

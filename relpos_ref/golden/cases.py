@@ -395,6 +395,24 @@ def _base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
         ("alibi", "symmetric", {"h": 6, "t_q": 9, "t_k": 13, "d": 8}),
         ("alibi", "causal-end", {"h": 5, "t_q": 4, "t_k": 12, "d": 8, "causal": True,
                                  "q_offset": 8, "symmetric": False}),
+        # the slope rules disagree for every head count that is not a power of two: the
+        # paper's (5 and 6 heads above) and attention-gym's 2^(-8 (h + 1) / h)
+        *(("alibi", f"paper-h{h}", {"h": h, "t_q": 3, "t_k": 5, "d": 4, "causal": True,
+                                     "q_offset": 2})
+          for h in (3, 12, 20)),
+        *(("alibi", f"power-of-two-h{h}", {"h": h, "t_q": 3, "t_k": 5, "d": 4, "causal": True,
+                                            "q_offset": 2, "slope_rule": "power_of_two"})
+          for h in (3, 5, 6, 12, 20)),
+        # kerple: NeMo's initialization (r1 the ALiBi slopes, r2 = 1), both kernels
+        ("kerple", "log-causal-end", {"h": 3, "t_q": 4, "t_k": 9, "d": 8, "causal": True,
+                                      "q_offset": 5}),
+        ("kerple", "power-masked", {"h": 3, "t_q": 7, "t_k": 7, "d": 8, "kernel": "power",
+                                    "masked": True}),
+        # sandwich: the paper's 128-wide sinusoids, and NeMo's first frequency
+        ("sandwich", "causal-end", {"h": 4, "t_q": 4, "t_k": 9, "d": 8, "causal": True,
+                                    "q_offset": 5}),
+        ("sandwich", "nemo-d16", {"h": 3, "t_q": 5, "t_k": 7, "d": 8, "d_bar": 16, "start": 1,
+                                  "q_offset": 1}),
         # swin: 2D bias table of a window, non-square
         ("swin", "non-square", {"b": 2, "h": 3, "d": 8, "height": 2, "width": 3,
                                 "per_head": True}),
@@ -490,7 +508,7 @@ def default_cases() -> CaseRegistry:
     --------
     >>> reg = default_cases()
     >>> len(reg), len({c.scheme for c in reg})
-    (216, 12)
+    (264, 14)
     >>> sorted({c.scheme for c in reg})[:6]
     ['absolute', 'alibi', 'bias', 'deberta', 'general', 'grid2d']
     """

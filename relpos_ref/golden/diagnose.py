@@ -211,7 +211,9 @@ def _slopes(kwargs: Mapping[str, Any], heads: int) -> np.ndarray:
     from ..schemes.alibi import alibi_slopes
 
     given = kwargs.get("slopes")
-    return np.asarray(alibi_slopes(heads) if given is None else given, dtype=np.float64)
+    if given is None:
+        given = alibi_slopes(heads, rule=kwargs.get("slope_rule", "paper"))
+    return np.asarray(given, dtype=np.float64)
 
 
 def _strict(call: Call, params: Mapping[str, Any]) -> np.ndarray:

@@ -549,14 +549,14 @@ def t5_attention_vjp(
 
 @_register("alibi")
 def alibi_attention_vjp(
-    q, k, v, /, *, d_output, slopes=None, symmetric=True, scale=None, mask=None, causal=None,
-    q_offset=None,
+    q, k, v, /, *, d_output, slopes=None, slope_rule="paper", symmetric=True, scale=None,
+    mask=None, causal=None, q_offset=None,
 ):
     if not _ndarrays(q, k, v, slopes, d_output, mask):
         return NotImplemented
     call, used = alibi.alibi_call(
         q, k, v, slopes=slopes, symmetric=symmetric, scale=scale, mask=mask, causal=causal,
-        q_offset=q_offset,
+        q_offset=q_offset, slope_rule=slope_rule,
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     if not _covered("alibi", q, call, mask, k, v, d_output, slopes=used):

@@ -36,6 +36,7 @@ from .general import (
     general_window,
 )
 from .grid2d import grid2d_attention, grid2d_attention_vjp, grid2d_index, grid2d_logits
+from .kerple import kerple_attention, kerple_attention_vjp, kerple_bias, kerple_kernel
 from .music import music_attention, music_attention_vjp, music_index, music_logits, music_values
 from .rope import (
     rope_attention,
@@ -43,6 +44,13 @@ from .rope import (
     rope_cos_sin,
     rope_frequencies,
     rope_rotate,
+)
+from .sandwich import (
+    sandwich_attention,
+    sandwich_attention_vjp,
+    sandwich_bias,
+    sandwich_kernel,
+    sandwich_ratios,
 )
 from .shaw import shaw_attention, shaw_attention_vjp, shaw_index, shaw_logits, shaw_values
 from .swin import swin_attention, swin_attention_vjp, swin_bias, swin_index
@@ -84,6 +92,10 @@ __all__ = [
     "grid2d_attention_vjp",
     "grid2d_index",
     "grid2d_logits",
+    "kerple_attention",
+    "kerple_attention_vjp",
+    "kerple_bias",
+    "kerple_kernel",
     "music_attention",
     "music_attention_vjp",
     "music_index",
@@ -94,6 +106,11 @@ __all__ = [
     "rope_cos_sin",
     "rope_frequencies",
     "rope_rotate",
+    "sandwich_attention",
+    "sandwich_attention_vjp",
+    "sandwich_bias",
+    "sandwich_kernel",
+    "sandwich_ratios",
     "shaw_attention",
     "shaw_attention_vjp",
     "shaw_index",

@@ -11,6 +11,10 @@ under a causal mask they give the same attention. The slopes are geometric:
 for ``n`` heads, a power of two, ``m_h = 2^{-8 (h + 1) / n}``; otherwise the
 slopes of the nearest smaller power of two ``p`` are followed by every other
 slope of ``2p`` heads, ``h = 0, 2, 4, ...``, until there are ``n``.
+``slope_rule="power_of_two"`` is attention-gym's and the PyTorch blog's
+``2^{-8 (h + 1) / n}`` for every ``n``: the paper's where ``n`` is a power of
+two, other slopes for every other ``n`` (MPT's ceil-power-of-two
+interleaving gives the paper's; `relpos_ref.presets` lists each convention).
 
 Exact at any offset: softmax does not change when every logit of a row
 moves by one constant, so `alibi_attention` (its kernels and
@@ -30,7 +34,7 @@ from typing import Any
 
 from .. import _xp
 from .._exact import float_dtype
-from .._validate import as_int, check_bool, nonnegative_int, positive_int
+from .._validate import as_int, check_bool, check_choice, nonnegative_int, positive_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 from ..gradients import (
@@ -45,6 +49,7 @@ from ..positions import relative_positions
 
 __all__ = [
     "DEFAULTS",
+    "SLOPE_RULES",
     "alibi_attention",
     "alibi_attention_vjp",
     "alibi_bias",
@@ -56,19 +61,25 @@ __all__ = [
 #: ALiBi's defaults: ``scale = 1/sqrt(d)``, not causal, start-aligned queries.
 DEFAULTS = PLAIN
 
+#: How `alibi_slopes` derives the slopes: Press et al.'s, or ``2^(-8 (h + 1) / n)`` for any ``n``.
+SLOPE_RULES = ("paper", "power_of_two")
+
 
 def _power_of_two_slopes(n: int) -> list[float]:
     start = 2.0 ** (-8.0 / n)
     return [start ** (h + 1) for h in range(n)]
 
 
-def alibi_slopes(num_heads: int) -> tuple[float, ...]:
+def alibi_slopes(num_heads: int, *, rule: str = "paper") -> tuple[float, ...]:
     """The slopes ``m_h`` of Press et al. for any number of heads (Python floats).
 
     Parameters
     ----------
     num_heads : int
         ``>= 1``.
+    rule : {"paper", "power_of_two"}, optional
+        ``"power_of_two"``: ``2^(-8 (h + 1) / n)`` whatever ``n`` (attention-gym,
+        the PyTorch FlexAttention blog), the paper's only for a power of two.
 
     Returns
     -------
@@ -81,8 +92,12 @@ def alibi_slopes(num_heads: int) -> tuple[float, ...]:
     (0.25, 0.0625, 0.015625, 0.00390625)
     >>> [round(m, 4) for m in alibi_slopes(3)]  # 2 heads' slopes, then 1 of 4 heads'
     [0.0625, 0.0039, 0.25]
+    >>> [round(m, 4) for m in alibi_slopes(3, rule="power_of_two")]
+    [0.1575, 0.0248, 0.0039]
     """
     n = positive_int("num_heads", num_heads)
+    if check_choice("rule", rule, SLOPE_RULES) == "power_of_two":
+        return tuple(_power_of_two_slopes(n))
     p = 1 << (n.bit_length() - 1)  # the largest power of two <= n
     slopes = _power_of_two_slopes(p)
     if p < n:
@@ -223,11 +238,12 @@ def alibi_call(
     mask: Any,
     causal: bool | None,
     q_offset: int | None,
+    slope_rule: str = "paper",
 ) -> tuple[Call, Any]:
     """Validate an `alibi_attention` call; return it and the slopes (shared with the kernels).
 
-    Without `slopes`, those of `alibi_slopes` for the ``q.shape[-3]`` heads,
-    in `q`'s dtype and on its device.
+    Without `slopes`, those of `alibi_slopes` (by `slope_rule`) for the
+    ``q.shape[-3]`` heads, in `q`'s dtype and on its device.
 
     Examples
     --------
@@ -244,6 +260,7 @@ def alibi_call(
     )
     xp = call.xp
     check_bool("symmetric", symmetric)
+    check_choice("slope_rule", slope_rule, SLOPE_RULES)
     if slopes is None:
         if q.ndim < 3:
             msg = (
@@ -251,7 +268,8 @@ def alibi_call(
                 f"{tuple(q.shape)}; pass `slopes`"
             )
             raise ValueError(msg)
-        slopes = xp.asarray(alibi_slopes(q.shape[-3]), dtype=q.dtype, device=_xp.device(q))
+        slopes = xp.asarray(alibi_slopes(q.shape[-3], rule=slope_rule), dtype=q.dtype,
+                            device=_xp.device(q))
     else:
         _xp.check_floating(xp, "slopes", slopes)
         _xp.check_same_dtype(q=q, slopes=slopes)
@@ -275,6 +293,7 @@ def alibi_attention(
     /,
     *,
     slopes: Any = None,
+    slope_rule: str = "paper",
     symmetric: bool = True,
     scale: float | None = None,
     mask: Any = None,
@@ -292,6 +311,8 @@ def alibi_attention(
         Heads at axis -3.
     slopes : floating array ``(h,)``, optional
         Default `alibi_slopes` of ``h = q.shape[-3]`` heads.
+    slope_rule : {"paper", "power_of_two"}, optional
+        The rule of `alibi_slopes` for the default slopes (ignored with `slopes`).
     symmetric : bool, optional
         As in `alibi_bias`.
     scale, mask, causal, q_offset, return_weights
@@ -311,7 +332,7 @@ def alibi_attention(
     """
     call, slopes = alibi_call(
         q, k, v, slopes=slopes, symmetric=symmetric, scale=scale, mask=mask, causal=causal,
-        q_offset=q_offset,
+        q_offset=q_offset, slope_rule=slope_rule,
     )
     bias = alibi_bias(slopes, call.t_q, call.t_k, q_offset=call.q_offset, symmetric=symmetric,
                       shift=alibi_shift(call.q_offset, symmetric))
@@ -330,6 +351,7 @@ def alibi_attention_vjp(
     *,
     d_output: Any,
     slopes: Any = None,
+    slope_rule: str = "paper",
     symmetric: bool = True,
     scale: float | None = None,
     mask: Any = None,
@@ -348,7 +370,7 @@ def alibi_attention_vjp(
 
     Parameters
     ----------
-    q, k, v, slopes, symmetric, scale, mask, causal, q_offset
+    q, k, v, slopes, slope_rule, symmetric, scale, mask, causal, q_offset
         As in `alibi_attention`.
     d_output : floating array, shape ``(..., t_q, d_v)``
         :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
@@ -370,7 +392,7 @@ def alibi_attention_vjp(
     """
     call, used = alibi_call(
         q, k, v, slopes=slopes, symmetric=symmetric, scale=scale, mask=mask, causal=causal,
-        q_offset=q_offset,
+        q_offset=q_offset, slope_rule=slope_rule,
     )
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     shift = alibi_shift(call.q_offset, symmetric)

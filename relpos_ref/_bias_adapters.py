@@ -1,0 +1,90 @@
+"""The catalog's adapters (`relpos_ref._adapters`) of the extrapolation biases: KERPLE, Sandwich.
+
+Each has the signatures `relpos_ref._adapters` describes: ``check``,
+``terms`` and, for ``relpos-ref show``, the lines printed after the
+distances (the bias by distance of a few heads).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _xp
+from ._adapters import Terms
+from .schemes import kerple, sandwich
+from .schemes.alibi import alibi_slopes
+
+#: Heads whose bias ``relpos-ref show`` prints (the defaults of an 8-head model).
+SHOWN_HEADS = 8
+
+
+def _off(q_offset: int, i0: int, j0: int) -> int:
+    return q_offset + i0 - j0
+
+
+def _distances(t_q: int, t_k: int, q_offset: int) -> np.ndarray:
+    if not (t_q and t_k):
+        return np.zeros(0, dtype=np.int64)
+    return np.arange(-(t_q - 1) - q_offset, t_k - q_offset)
+
+
+def _table(caption: str, r: np.ndarray, rows: dict[str, np.ndarray]) -> list[str]:
+    lines = [caption, f"{'r':>10} " + " ".join(f"{x:>8d}" for x in r)]
+    for name, row in rows.items():  # + 0.0: no "-0.0000"
+        lines.append(f"{name:>10} " + " ".join(f"{x + 0.0:8.4f}" for x in row))
+    return lines
+
+
+def kerple_check(q, k, v, tables, *, scale, mask, causal, q_offset, options):
+    call, r1, r2 = kerple.kerple_call(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, **options
+    )
+    return call, {**options, "r1": r1, "r2": r2}
+
+
+def kerple_terms(q, k, tables, *, q_offset, i0, j0, options, method):
+    return Terms(bias=kerple.kerple_bias(
+        options["r1"], options["r2"], q.shape[-2], k.shape[-2],
+        q_offset=_off(q_offset, i0, j0), kernel=options["kernel"],
+    ))
+
+
+def kerple_show(*, t_q, t_k, q_offset, options):
+    """Lines of ``relpos-ref show kerple``: the bias by distance at NeMo's initialization."""
+    kernel = options.get("kernel", "log")
+    r = _distances(t_q, t_k, q_offset)
+    r1 = np.asarray(alibi_slopes(SHOWN_HEADS))
+    bias = np.asarray(kerple.kerple_kernel(np.abs(r).astype(np.float64), r1,
+                                           np.ones(SHOWN_HEADS), kernel=kernel))
+    caption = (f"bias B_h(r) of the {kernel} kernel with r1 = alibi_slopes({SHOWN_HEADS}), "
+               "r2 = 1 (NeMo's initialization), per head h")
+    return _table(caption, r, {f"h={h}": row for h, row in enumerate(bias)})
+
+
+def sandwich_check(q, k, v, tables, *, scale, mask, causal, q_offset, options):
+    call, _ = sandwich.sandwich_call(
+        q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, **options
+    )
+    return call, dict(options)
+
+
+def sandwich_terms(q, k, tables, *, q_offset, i0, j0, options, method):
+    xp = _xp.array_namespace(q)
+    ratios = xp.asarray(sandwich.sandwich_ratios(q.shape[-3]), dtype=q.dtype,
+                        device=_xp.device(q))
+    return Terms(bias=sandwich.sandwich_bias(
+        ratios, q.shape[-2], k.shape[-2], q_offset=_off(q_offset, i0, j0),
+        d_bar=options["d_bar"], start=options["start"],
+    ))
+
+
+def sandwich_show(*, t_q, t_k, q_offset, options):
+    """Lines of ``relpos-ref show sandwich``: the sum by distance, and per head of 8."""
+    d_bar, start = options.get("d_bar", 128), options.get("start", 0)
+    r = _distances(t_q, t_k, q_offset)
+    sums = np.asarray(sandwich.sandwich_kernel(r.astype(np.float64), d_bar=d_bar, start=start))
+    ratios = sandwich.sandwich_ratios(SHOWN_HEADS)
+    rows = {"sum": sums, **{f"h={h}": sums / rho for h, rho in enumerate(ratios)}}
+    caption = (f"sum_c cos(r w_c) - d_bar/2, c = {start} .. {start + d_bar // 2 - 1}, "
+               f"w_c = 10000^(-2c/{d_bar}); bias B_h = sum / (8 (h + 1) / H), H = {SHOWN_HEADS}")
+    return _table(caption, r, rows)

@@ -1,0 +1,128 @@
+"""The presets of `relpos_ref.presets` for ALiBi's conventions and the extrapolation biases.
+
+Each entry holds the fields of a `relpos_ref.presets.Preset` (its module
+builds them): FlashAttention's ``alibi_slopes``, BLOOM's and MPT's key-only
+biases, attention-gym's score_mods, and NeMo's KERPLE and Sandwich modules.
+A key-only bias ``m j`` differs from our causal form ``m r = m (j - i - q_offset)``
+by ``m (i + q_offset)``, one constant per query row, which softmax ignores:
+the weights are the same, masked or not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _xp
+
+__all__ = ["BIAS_PRESETS", "per_head_vector"]
+
+
+def per_head_vector(table: Any, **_: Any) -> Any:
+    """A per-head parameter stored ``(h, 1, 1)`` or ``(1, h, 1, 1)`` -> ``(h,)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> per_head_vector(np.arange(3.0).reshape(3, 1, 1))
+    array([0., 1., 2.])
+    """
+    xp = _xp.array_namespace(table)
+    return xp.reshape(table, (-1,))
+
+
+#: The fields of each preset (`relpos_ref.presets.Preset`), in the docs table's order.
+BIAS_PRESETS: tuple[dict[str, Any], ...] = (
+    {
+        "name": "flash-attn-alibi",
+        "implementation": "flash_attn flash_attn_func(..., alibi_slopes=...) (FlashAttention 2, "
+                          "csrc/flash_attn/src/alibi.h)",
+        "scheme": "alibi",
+        "params": {"symmetric": True},
+        "notes": "bias -slope abs(i + t_k - t_q - j): queries end-aligned, our q_offset = "
+                 "t_k - t_q (pass it: our default is start-aligned); added after the softmax "
+                 "scale, as ours. With causal=True it adds slope * j instead, which differs from "
+                 "-slope abs(r) by slope (i + t_k - t_q) in each row, a constant softmax ignores, "
+                 "under its bottom-right causal mask (our causal with q_offset = t_k - t_q). "
+                 "alibi_slopes is (h,) or (batch, h): pass each batch's row as slopes.",
+        "verified_by": "worked example (tests/test_peers_alibi.py) transcribing alibi.h; "
+                       "flash-attn needs CUDA",
+    },
+    {
+        "name": "hf-bloom-alibi",
+        "implementation": "transformers BloomAttention with build_alibi_tensor",
+        "scheme": "alibi",
+        "params": {"symmetric": False, "causal": True},
+        "notes": "key-only bias slope * j, j counted over the attention mask "
+                 "((cumsum - 1) * mask: left padding moves every key of a row by one "
+                 "constant), added unscaled by baddbmm (beta = 1, alpha = 1/sqrt(head_dim)): "
+                 "our causal form plus a constant per row; the paper's slopes.",
+        "verified_by": "peer test (tests/test_peers_alibi.py) against transformers' "
+                       "BloomAttention weights",
+    },
+    {
+        "name": "hf-mpt-alibi",
+        "implementation": "transformers MptAttention with build_mpt_alibi_tensor "
+                          "(alibi_bias_max=8)",
+        "scheme": "alibi",
+        "params": {"symmetric": False, "causal": True},
+        "notes": "key-only bias slope * (j - (L - 1)) over max_seq_len L keys, sliced to the "
+                 "last key_length: our causal form plus a constant per row, after the "
+                 "softmax scale; slopes of the next power of two P, 2^(-8 c / P), odd c first "
+                 "then even: the paper's for every head count (another alibi_bias_max scales "
+                 "the exponents: pass slopes).",
+        "verified_by": "peer test (tests/test_peers_alibi.py) against transformers' "
+                       "MptAttention weights and slopes",
+    },
+    {
+        "name": "attention-gym-alibi",
+        "implementation": "attn_gym.mods.generate_alibi_bias (FlexAttention score_mod)",
+        "scheme": "alibi",
+        "params": {"symmetric": False, "slope_rule": "power_of_two"},
+        "notes": "score + (kv_idx - q_idx) 2^(-8 (h + 1) / H) (q_idx - kv_idx before "
+                 "attention-gym PR #86): our causal form with the power-of-two slope rule, "
+                 "the paper's slopes only for a power-of-two head count; indices without an "
+                 "offset (start-aligned): decoding with a cache needs q_offset.",
+        "verified_by": "peer test (tests/test_peers_alibi.py) against attn-gym",
+    },
+    {
+        "name": "nemo-kerple",
+        "implementation": "NeMo KERPLERelativePositionEmbedding (nemo.collections.nlp.modules."
+                          "common.megatron.position_embedding)",
+        "scheme": "kerple",
+        "params": {"kernel": "log"},
+        "notes": "-kerple_b log(1 + kerple_a abs(i - j)^kerple_p), abs(i - j) end-aligned "
+                 "(the last t_q rows and t_k columns of a square matrix); not bidirectional, "
+                 "it tril()s that (t_q, t_k) slice, start-aligned: with t_q < t_k the "
+                 "t_k - t_q - 1 most recent past keys of each query lose their bias (ours "
+                 "when t_q = t_k); "
+                 "the log kernel for kerple_p = 1 (its "
+                 "initialization), r1 = kerple_b (initialized to the ALiBi slopes), r2 = "
+                 "kerple_a (ones; a constant 0 before NVIDIA-NeMo PR #6666, so every bias was "
+                 "0): to_canonical(param) reshapes (1, h, 1, 1) to (h,).",
+        "verified_by": "worked example (tests/test_peers_biases.py) transcribing NeMo's "
+                       "forward; nemo_toolkit is not installed",
+        "convert": per_head_vector,
+    },
+    {
+        "name": "nemo-sandwich",
+        "implementation": "NeMo SandwichRelativePositionEmbedding",
+        "scheme": "sandwich",
+        "params": {"start": 1},
+        "notes": "frequencies 10000^(-2c / hidden_size) for c = 1 .. hidden_size / 2 "
+                 "(start = 1, d_bar = hidden_size, the per-head width); minus hidden_size / 2, "
+                 "over 8 (h + 1) / H; abs(i - j) end-aligned, and the same start-aligned tril as "
+                 "nemo-kerple when not bidirectional.",
+        "verified_by": "worked example (tests/test_peers_biases.py) transcribing NeMo's "
+                       "forward",
+    },
+    {
+        "name": "attention-gym-sandwich",
+        "implementation": "attn_gym.mods.generate_sandwich_bias(H, max_seq_len, d_bar=128)",
+        "scheme": "sandwich",
+        "params": {"start": 0, "d_bar": 128},
+        "notes": "frequencies c = 0 .. d_bar / 2 - 1; no - d_bar / 2 (a constant of each "
+                 "head, which softmax ignores); indices q_idx - kv_idx without an offset "
+                 "(start-aligned; the cosine is even).",
+        "verified_by": "peer test (tests/test_peers_biases.py) against attn-gym",
+    },
+)
