@@ -44,6 +44,8 @@ from .rope import (
     rope_frequencies,
     rope_rotate,
 )
+from .rope_axes import rope_axes_frequencies
+from .rope_layouts import convert_rope_weights, rope_permutation
 from .shaw import shaw_attention, shaw_attention_vjp, shaw_index, shaw_logits, shaw_values
 from .swin import swin_attention, swin_attention_vjp, swin_bias, swin_index
 from .t5 import t5_attention, t5_attention_vjp, t5_bias, t5_bucket, t5_bucket_boundaries
@@ -68,6 +70,7 @@ __all__ = [
     "bias_attention",
     "bias_attention_vjp",
     "bias_logits",
+    "convert_rope_weights",
     "deberta_attention",
     "deberta_attention_vjp",
     "deberta_bucket",
@@ -91,8 +94,10 @@ __all__ = [
     "music_values",
     "rope_attention",
     "rope_attention_vjp",
+    "rope_axes_frequencies",
     "rope_cos_sin",
     "rope_frequencies",
+    "rope_permutation",
     "rope_rotate",
     "shaw_attention",
     "shaw_attention_vjp",
