@@ -194,9 +194,9 @@ def rope_axes_frequencies(
     length: int | None = None,
     angles: str = "float64",
 ) -> tuple[tuple[int, float], ...]:
-    r"""Each rotated pair's axis and frequency, ``(a_c, θ_c)``, for ``"mrope"`` and ``"axial"``.
+    r"""Each rotated pair's axis and frequency, for the mrope and axial rules.
 
-    The row of :math:`F` with its one nonzero entry (module docstring);
+    ``(a_c, θ_c)``: the row of :math:`F` with its one nonzero entry (module docstring);
     ``"mixed"`` has no fixed frequencies (they are learned) and is refused.
 
     Parameters

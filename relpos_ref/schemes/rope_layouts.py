@@ -86,7 +86,9 @@ def rope_permutation(
     rotary_dim: int | None = None,
     rotary_at: str = "front",
 ) -> tuple[int, ...]:
-    """Feature order taking one head from the `source` pairing to the `target` one.
+    """Feature order taking one head from one pairing to the other.
+
+    From `source` to `target`.
 
     ``x_target = x_source[..., perm]``: feature ``f`` of the target layout
     is feature ``perm[f]`` of the source, so that pair ``c`` of one is pair
@@ -139,7 +141,9 @@ def convert_rope_weights(
     rotary_at: str = "front",
     axis: int = 0,
 ) -> Any:
-    r"""Permute the per-head output rows of a ``W_q`` or ``W_k`` (or bias) to another pairing.
+    r"""Permute the per-head rows of a query or key projection to another pairing.
+
+    The output rows of ``W_q`` or ``W_k`` (or their bias), head by head:
 
     .. math:: W'[h\,d + f] = W[h\,d + \pi(f)], \qquad \pi = \texttt{rope\_permutation}
 
