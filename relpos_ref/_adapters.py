@@ -40,6 +40,7 @@ from .schemes import (
     grid2d,
     music,
     rope,
+    rope_axes,
     rope_scaling,
     shaw,
     swin,
@@ -335,6 +336,23 @@ def parse_scaling(text: str) -> dict[str, Any]:
     return value
 
 
+def parse_axes(text: str) -> dict[str, Any]:
+    """An `axes` option from JSON text (the command line's ``--axes``), checked.
+
+    Examples
+    --------
+    >>> parse_axes('{"axes_type": "axial", "axes_dims": [4, 4]}')
+    {'axes_type': 'axial', 'axes_dims': [4, 4]}
+    """
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        msg = f"`axes` must be a JSON object, got {text!r} ({exc})"
+        raise ValueError(msg) from None
+    rope_axes.check_axes(value)
+    return value
+
+
 def parse_real(text: str) -> float:
     """A finite number from the command line (``--base``).
 
@@ -381,7 +399,26 @@ def rope_show(*, t_q, t_k, q_offset, options):
         lines.append(f"softmax scale times mscale^2 = {softmax:.10g} (DeepSeek), on every feature")
     if options.get("angles", "float64") == "float32":
         lines.append("angles float32: fl32(fl32(p) * fl32(scaled)), then cos and sin")
-    return lines
+    if options.get("rotary_at", "front") == "tail":
+        lines.append(f"rotated features at the tail of the head: the last {rotary_dim} "
+                     "(DeepSeek MLA's cat(q_pass, q_rot))")
+    return lines + _axes_show(rotary_dim, base, rule, length, options.get("axes"))
+
+
+def _axes_show(rotary_dim, base, rule, length, axes):
+    # the multi-axis view: which axis each pair turns with, at which frequency
+    axes = rope_axes.check_axes(axes)
+    if axes is None:
+        return []
+    kind = axes["axes_type"]
+    head = (f"axes_type {kind!r}: pair c turns by phi_c = sum_a F[c, a] p_a, "
+            f"{rope_axes.axes_count(axes)} axes")
+    if kind == "mixed":
+        return [head, "F: the learned frequencies axes['frequencies'] (RoPE-Mixed)"]
+    pairs = rope.rope_axes_frequencies(rotary_dim, axes=axes, base=base, scaling=rule,
+                                       length=length)
+    return [head, f"{'pair c':>6} {'axis a':>6} {'F[c, a]':>12}",
+            *(f"{c:6d} {a:6d} {theta:12.6g}" for c, (a, theta) in enumerate(pairs))]
 
 
 # -- transformer_xl and deberta -----------------------------------------------------

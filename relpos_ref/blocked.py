@@ -234,7 +234,11 @@ def output_batch(entry: Scheme, call: Call, tables: Mapping[str, Any],
             own = 1 if table.width is None else 2  # rows, and a row's width
             shapes[table.name] = tuple(tables[table.name].shape[:-own])
     for name, value in options.items():
-        if hasattr(value, "shape") and hasattr(value, "dtype"):
+        if name == "positions" and hasattr(value, "shape"):  # RoPE's (n_axes, ..., L)
+            shapes[name] = tuple(value.shape[1:-1])
+        elif name == "axes" and hasattr((value or {}).get("frequencies"), "shape"):
+            shapes[name] = tuple(value["frequencies"].shape[:-2])  # learned (..., R/2, n)
+        elif hasattr(value, "shape") and hasattr(value, "dtype"):
             shapes[name] = tuple(value.shape)
     return broadcast_shapes(**shapes)
 

@@ -105,12 +105,17 @@ def _two_sided_label(p: Mapping[str, Any]) -> str:
 
 
 def _rope_label(p: Mapping[str, Any]) -> str:
-    """``R<rotary_dim>-<layout>``, then the scaling's rope_type and ``f32`` for float32 angles."""
+    """``R<rotary_dim>-<layout>``, then the scaling's rope_type, ``f32`` for float32 angles,
+    ``tail`` for the rotated part at the tail, the axes_type and ``pos`` for positions."""
     scaling = p.get("scaling") or {}
     kind = scaling.get("rope_type", "default")
+    axes = p.get("axes") or {}
     return (f"R{p['rotary_dim'] or p['d']}-{p['layout']}"
             + ("" if kind == "default" else f"-{kind}")
-            + ("-f32" if p.get("angles") == "float32" else ""))
+            + ("-f32" if p.get("angles") == "float32" else "")
+            + ("-tail" if p.get("rotary_at") == "tail" else "")
+            + (f"-{axes['axes_type']}" if axes else "")
+            + ("-pos" if p.get("positions") is not None else ""))
 
 
 _ENTRIES = (
@@ -271,7 +276,14 @@ _ENTRIES = (
                         "fields, as transformers' rope_parameters (JSON on the command line)",
                         cli=True, parse=ad.parse_scaling),
                  Option("angles", "angles exact ('float64') or as float32 computes them",
-                        rope_angles.ANGLES, cli=True)),
+                        rope_angles.ANGLES, cli=True),
+                 Option("rotary_at", "where the rotated features sit: the front of the head "
+                        "or its tail (DeepSeek MLA)", ("front", "tail")),
+                 Option("axes", "multi-axis RoPE: a mapping with 'axes_type' ('mrope', "
+                        "'axial', 'mixed') and its fields (JSON on the command line)",
+                        cli=True, parse=ad.parse_axes),
+                 Option("positions", "each token's integer position per axis, "
+                        "(n_axes, ..., L); None: the token index on every axis")),
         rotate=ad.rope_rotate, show=ad.rope_show,
         vjp=rope.rope_attention_vjp,
     ),

@@ -486,6 +486,56 @@ def rope_rotate_thetas(x: np.ndarray, offset: int, thetas: list[float], layout: 
     return out
 
 
+def mrope_matrix(section: list[int], interleaved: bool, thetas: list[float]) -> np.ndarray:
+    """M-RoPE's F (R/2, n): Qwen2-VL's contiguous sections, or Qwen3-VL's pair c mod n."""
+    n = len(section)
+    f = np.zeros((len(thetas), n))
+    starts = [sum(section[:a]) for a in range(n)]
+    for c, theta in enumerate(thetas):
+        if interleaved:
+            axis = c % n if (c % n != 0 and c < n * section[c % n]) else 0
+        else:
+            axis = max(a for a in range(n) if starts[a] <= c and section[a] > 0)
+        f[c, axis] = theta
+    return f
+
+
+def axial_matrix(dims: list[int], base: float, scales: list[float]) -> np.ndarray:
+    """Axial RoPE's F (R/2, n): axis a owns d_a/2 pairs of frequency scale_a base^(-2c/d_a)."""
+    rows = []
+    for a, d_a in enumerate(dims):
+        for c in range(d_a // 2):
+            row = [0.0] * len(dims)
+            row[a] = scales[a] * base ** (-2.0 * c / d_a)
+            rows.append(row)
+    return np.asarray(rows)
+
+
+def rope_rotate_axes(x: np.ndarray, positions: np.ndarray, freq: np.ndarray, layout: str,
+                     offset: int = 0, rotary_at: str = "front", factor: float = 1.0):
+    """Pairs as complex numbers times factor e^{i phi}, phi_c = sum_a F[c, a] p_a(token).
+
+    `x` (..., h, t, d); `positions` (n, L): token offset + row; `freq` (R/2, n) or
+    (h, R/2, n) per head; the rotated features the first R (front) or the last R (tail).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    out = x.copy()
+    half = freq.shape[-2]
+    d = x.shape[-1]
+    lo = 0 if rotary_at == "front" else d - 2 * half
+    for idx in np.ndindex(x.shape[:-1]):
+        token = offset + idx[-1]
+        f = freq if freq.ndim == 2 else freq[idx[-2]]
+        for c in range(half):
+            phi = sum(f[c, a] * positions[a, token] for a in range(f.shape[1]))
+            a_i, b_i = (2 * c, 2 * c + 1) if layout == "interleaved" else (c, c + half)
+            a_i, b_i = a_i + lo, b_i + lo
+            z = complex(x[(*idx, a_i)], x[(*idx, b_i)]) * factor * complex(
+                math.cos(phi), math.sin(phi))
+            out[(*idx, a_i)], out[(*idx, b_i)] = z.real, z.imag
+    return out
+
+
 def sinusoid(delta: int, d_model: int, base: float = 10000.0) -> np.ndarray:
     """Transformer-XL's R_delta: sin(delta w_c) for c < d_model/2, then cos(delta w_c)."""
     half = d_model // 2

@@ -193,6 +193,27 @@ def _reference_position(case, x):
                                 p["q_offset"], p["max_position"])
 
 
+def _axes_reference(p, rd, thetas):
+    """A multi-axis RoPE case's positions (n, L) and frequency matrix F for the reference."""
+    length = max(p["t_k"], p["q_offset"] + p["t_q"])
+    axes = p["axes"] or {}
+    kind = axes.get("axes_type")
+    positions = (np.asarray(p["positions"]) if p["positions"] is not None
+                 else np.repeat(np.arange(length)[None], 1 if kind != "mrope" else 3, axis=0))
+    if kind == "mrope":
+        f = ref.mrope_matrix(axes["mrope_section"], axes.get("mrope_interleaved", False), thetas)
+    elif kind == "axial":
+        dims = axes["axes_dims"]
+        scale = axes.get("position_scale") or 1.0
+        f = ref.axial_matrix(dims, p["base"], [scale] * len(dims) if np.isscalar(scale)
+                             else scale)
+    elif kind == "mixed":
+        f = np.asarray(axes["frequencies"], dtype=np.float64)
+    else:
+        f = np.asarray(thetas)[:, None]
+    return positions, f
+
+
 @pytest.mark.parametrize("case", FLOAT64, ids=lambda c: c.id)
 def test_goldens_equal_the_loop_reference(case):
     inputs = case.inputs()
@@ -212,8 +233,13 @@ def test_goldens_equal_the_loop_reference(case):
             thetas = ref.rope_float32_thetas(rd, p["base"])
         factor = ref.rope_attention_factor(scaling)
         for name, offset in (("q", p["q_offset"]), ("k", 0)):
-            x[name] = ref.rope_rotate_thetas(x[name], offset, thetas, p["layout"], factor,
-                                             angles=p["angles"])
+            if p["axes"] is None and p["positions"] is None and p["rotary_at"] == "front":
+                x[name] = ref.rope_rotate_thetas(x[name], offset, thetas, p["layout"], factor,
+                                                 angles=p["angles"])
+            else:  # multi-axis positions, the tail: the default suite's have factor 1
+                x[name] = ref.rope_rotate_axes(x[name], *_axes_reference(p, rd, thetas),
+                                               p["layout"], offset=offset,
+                                               rotary_at=p["rotary_at"])
         np.testing.assert_allclose(got["q_rotated"], x["q"], rtol=0, atol=atol)
         np.testing.assert_allclose(got["k_rotated"], x["k"], rtol=0, atol=atol)
         if scaling and scaling.get("softmax_mscale"):  # DeepSeek: mscale**2 on the scale

@@ -33,7 +33,7 @@ from relpos_ref.testing import assert_matches
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
-    """The whole default suite (216 cases, about a second to generate)."""
+    """The whole default suite (every case, about a second to generate)."""
     out = tmp_path_factory.mktemp("gradients") / "golden"
     golden.generate(out, list(golden.default_cases()))
     return golden.load_suite(out)

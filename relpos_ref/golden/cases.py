@@ -484,6 +484,42 @@ def _base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
                              "angles": angles})
           for variant, offset in (("past-65536", 131068), ("near-1m", 2**20 - 4))
           for angles in ("float64", "float32")),
+        # multi-axis positions: M-RoPE's contiguous (Qwen2-VL) and interleaved (Qwen3-VL)
+        # sections over 2 text tokens, a 2 x 2 image at time 2 and 2 more text tokens (the
+        # interleaved one a decode step); axial RoPE of a 3 x 3 grid (Qwen2-VL's vision
+        # tower), of EVA-02's interpolated grid and of FLUX's three axes; RoPE-Mixed's
+        # learned per-head frequencies; 1-D positions of two packed sequences
+        ("rope", "mrope", {"h": 2, "t_q": 8, "t_k": 8, "d": 8, "causal": True, "base": 100.0,
+                           "axes": {"axes_type": "mrope", "mrope_section": [2, 1, 1]},
+                           "positions": _MROPE_POSITIONS}),
+        ("rope", "mrope-interleaved-decode", {
+            "h": 2, "t_q": 1, "t_k": 8, "d": 8, "q_offset": 7, "causal": True, "base": 100.0,
+            "axes": {"axes_type": "mrope", "mrope_section": [2, 1, 1],
+                     "mrope_interleaved": True},
+            "positions": _MROPE_POSITIONS}),
+        ("rope", "axial-2d", {"h": 2, "t_q": 9, "t_k": 9, "d": 16, "base": 100.0,
+                              "axes": {"axes_type": "axial", "axes_dims": [8, 8]},
+                              "positions": _GRID_3X3}),
+        ("rope", "axial-eva", {"h": 2, "t_q": 9, "t_k": 9, "d": 8, "layout": "interleaved",
+                               "axes": {"axes_type": "axial", "axes_dims": [4, 4],
+                                        "position_scale": 0.75},
+                               "positions": _GRID_3X3}),
+        ("rope", "axial-3d", {"h": 2, "t_q": 6, "t_k": 6, "d": 16, "layout": "interleaved",
+                              "axes": {"axes_type": "axial", "axes_dims": [4, 6, 6]},
+                              "positions": [[0, 0, 0, 1, 1, 1], [0, 0, 1, 0, 0, 1],
+                                            [0, 1, 0, 0, 1, 0]]}),
+        ("rope", "mixed", {"h": 2, "t_q": 9, "t_k": 9, "d": 8, "layout": "interleaved",
+                           "axes": {"axes_type": "mixed", "frequencies": [
+                               [[1.0, 0.0], [0.0, 1.0], [0.1, 0.05], [-0.05, 0.1]],
+                               [[0.6, 0.8], [-0.8, 0.6], [0.02, -0.1], [0.1, 0.02]]]},
+                           "positions": _GRID_3X3}),
+        ("rope", "positions-1d-packed", {"h": 2, "t_q": 7, "t_k": 7, "d": 8, "causal": True,
+                                         "base": 100.0,
+                                         "positions": [[0, 1, 2, 0, 1, 2, 3]]}),
+        # DeepSeek MLA: the rotated part at the tail of the head, interleaved pairs
+        ("rope", "tail", {"h": 2, "t_q": 5, "t_k": 8, "d": 16, "rotary_dim": 8,
+                          "rotary_at": "tail", "layout": "interleaved", "q_offset": 3,
+                          "causal": True, "base": 100.0}),
         # transformer_xl: a memory before the segment, causal, through rel_shift
         ("transformer_xl", "memory", {"h": 2, "t_q": 6, "t_k": 16, "d": 8, "q_offset": 10,
                                       "per_head": True}),
@@ -501,6 +537,12 @@ def _base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
     ]
 
 
+#: Qwen2-VL-like positions (time, height, width) of 8 tokens: text, a 2 x 2 image, text.
+_MROPE_POSITIONS = [[0, 1, 2, 2, 2, 2, 4, 5], [0, 1, 2, 2, 3, 3, 4, 5], [0, 1, 2, 3, 2, 3, 4, 5]]
+#: (row, column) of a 3 x 3 grid of patches, row-major.
+_GRID_3X3 = [[0, 0, 0, 1, 1, 1, 2, 2, 2], [0, 1, 2, 0, 1, 2, 0, 1, 2]]
+
+
 def default_cases() -> CaseRegistry:
     """The default suite: every scheme and its edge cases, in every float dtype.
 
@@ -508,7 +550,7 @@ def default_cases() -> CaseRegistry:
     --------
     >>> reg = default_cases()
     >>> len(reg), len({c.scheme for c in reg})
-    (264, 14)
+    (296, 14)
     >>> sorted({c.scheme for c in reg})[:6]
     ['absolute', 'alibi', 'bias', 'deberta', 'general', 'grid2d']
     """

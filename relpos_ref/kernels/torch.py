@@ -314,9 +314,11 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
                 or not _rotated_bounded(entry, call, options, given["q"], given["k"])):
             return NotImplemented
         # every floating argument, and array options completed by the checks (ALiBi's
-        # slopes when not given: the specification returns their gradient too)
+        # slopes when not given: the specification returns their gradient too); integer
+        # ones (RoPE's positions) are no leaves
         leaves = {"q": given["q"], "k": given["k"], "v": given["v"], **arguments.tables,
-                  **arguments.terms, **{n: a for n, a in options.items() if _is_array(a)}}
+                  **arguments.terms, **{n: a for n, a in options.items()
+                                        if _is_array(a) and a.dtype.is_floating_point}}
         if arguments.terms:  # plain attention's dense terms: autograd through SDPA
             token = _FIRST_ORDER.set(True)
             try:

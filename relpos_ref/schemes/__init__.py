@@ -45,6 +45,8 @@ from .rope import (
     rope_frequencies,
     rope_rotate,
 )
+from .rope_axes import rope_axes_frequencies
+from .rope_layouts import convert_rope_weights, rope_permutation
 from .sandwich import (
     sandwich_attention,
     sandwich_attention_vjp,
@@ -76,6 +78,7 @@ __all__ = [
     "bias_attention",
     "bias_attention_vjp",
     "bias_logits",
+    "convert_rope_weights",
     "deberta_attention",
     "deberta_attention_vjp",
     "deberta_bucket",
@@ -103,8 +106,10 @@ __all__ = [
     "music_values",
     "rope_attention",
     "rope_attention_vjp",
+    "rope_axes_frequencies",
     "rope_cos_sin",
     "rope_frequencies",
+    "rope_permutation",
     "rope_rotate",
     "sandwich_attention",
     "sandwich_attention_vjp",

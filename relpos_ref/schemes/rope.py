@@ -25,6 +25,12 @@ carry the rounding of ``θ`` times ``p``. Positions beyond ``2**53`` (or, on
 a device without float64, beyond what the dtype holds exactly: ``2**24`` in
 float32) are refused (`relpos_ref._exact`).
 
+Multi-axis positions (``positions``, an integer array per axis, and ``axes``:
+M-RoPE's contiguous or interleaved sections, axial RoPE of N axes, RoPE-Mixed's
+learned frequencies) are `relpos_ref.schemes.rope_axes`; the rotated part at
+the tail of the head (``rotary_at="tail"``, DeepSeek MLA) and the weight
+permutation between pairings are `relpos_ref.schemes.rope_layouts`.
+
 Frequency scaling (``scaling``: linear, dynamic NTK, YaRN, LongRoPE, Llama 3,
 proportional) changes ``θ_c`` and may multiply the cosines and sines by an
 attention factor (`relpos_ref.schemes.rope_scaling`); ``angles="float32"``
@@ -57,16 +63,20 @@ from .rope_angles import (
     rope_frequencies,
     rotary_width,
 )
+from .rope_axes import axes_cos_sin, check_axes, check_positions, rope_axes_frequencies
+from .rope_layouts import ROPE_LAYOUTS, ROTARY_AT, turn
 from .rope_scaling import attention_factor, call_length, check_scaling, softmax_factor
 
 __all__ = [
     "ANGLES",
     "DEFAULTS",
     "ROPE_LAYOUTS",
+    "ROTARY_AT",
     "ROTATION",
     "angle_dtype",
     "rope_attention",
     "rope_attention_vjp",
+    "rope_axes_frequencies",
     "rope_call",
     "rope_cos_sin",
     "rope_frequencies",
@@ -77,10 +87,9 @@ __all__ = [
 #: RoPE's defaults: ``scale = 1/sqrt(d)``, not causal, start-aligned queries.
 DEFAULTS = PLAIN
 
-ROPE_LAYOUTS = ("half", "interleaved")
-
 #: `rope_attention`'s options that `rope_rotate` takes too: what the kernels pass on.
-ROTATION = ("base", "rotary_dim", "layout", "scaling", "angles")
+ROTATION = ("base", "rotary_dim", "layout", "scaling", "angles", "rotary_at", "axes",
+            "positions")
 
 
 @computes_in_float32
@@ -96,6 +105,9 @@ def rope_rotate(
     angles: str = "float64",
     length: int | None = None,
     inverse: bool = False,
+    rotary_at: str = "front",
+    axes: Mapping[str, Any] | None = None,
+    positions: Any = None,
 ) -> Any:
     r"""Rotate each row of `x` by its position ``offset + t`` (`inverse`: the transpose).
 
@@ -132,6 +144,18 @@ def rope_rotate(
     inverse : bool, optional
         Apply the transpose :math:`a R^\top` (the backward pass's): turn the
         other way; the inverse when :math:`a = 1`.
+    rotary_at : {"front", "tail"}, optional
+        Whether the rotated features are the first `rotary_dim` or the last
+        (DeepSeek MLA's ``cat(q_pass, q_rot)``; `relpos_ref.schemes.rope_layouts`).
+    axes : mapping, optional
+        Multi-axis RoPE (`relpos_ref.schemes.rope_axes`): ``{"axes_type":
+        "mrope", "mrope_section": [16, 24, 24]}`` (Qwen2-VL; with
+        ``"mrope_interleaved": True`` Qwen3-VL), ``{"axes_type": "axial",
+        "axes_dims": [16, 56, 56]}`` (FLUX), ``{"axes_type": "mixed",
+        "frequencies": F}`` (RoPE-Mixed, ``F`` of shape ``(..., rotary_dim / 2, n)``).
+    positions : integer array, optional
+        ``(n_axes, ..., L)``: each token's position per axis; row ``t`` of
+        `x` is token ``offset + t``. ``None``: every axis at the token index.
 
     Returns
     -------
@@ -152,32 +176,32 @@ def rope_rotate(
     _xp.check_floating(xp, "x", x)
     check_choice("layout", layout, ROPE_LAYOUTS)
     check_choice("angles", angles, ANGLES)
+    check_choice("rotary_at", rotary_at, ROTARY_AT)
     offset = as_int("offset", offset)
     if x.ndim < 2:
         msg = f"`x` must have shape (..., t, d), got shape {tuple(x.shape)}"
         raise ValueError(msg)
     *_, t, d = x.shape
     rd = rotary_width(d, rotary_dim)
+    rule = check_axes(axes)
+    positions = check_positions(x, positions, rule, rotary_dim=rd, scaling=scaling,
+                                needed=offset + t, offset=offset)
     length = max(offset + t, 0) if length is None else nonnegative_int("length", length)
     freqs = frequencies(rd, base=base, scaling=scaling, length=length, angles=angles)
     inverse = check_bool("inverse", inverse)
     if rd == 0:
         return xp.reshape(x, tuple(x.shape), copy=True)  # fresh, bit for bit, autograd-quiet
-    cos, sin = cos_sin(xp, x.dtype, _xp.device(x), offset=offset, t=t, freqs=freqs,
-                       angles=angles, factor=attention_factor(check_scaling(scaling)))
+    factor = attention_factor(check_scaling(scaling))
+    if rule is None and positions is None:
+        cos, sin = cos_sin(xp, x.dtype, _xp.device(x), offset=offset, t=t, freqs=freqs,
+                           angles=angles, factor=factor)
+    else:
+        cos, sin = axes_cos_sin(x, positions=positions, rule=rule, offset=offset,
+                                rotary_dim=rd, base=base, scaling=scaling, length=length,
+                                angles=angles, factor=factor)
     if inverse:
         sin = -sin
-    half = rd // 2
-    if layout == "half":
-        a, b = x[..., :half], x[..., half:rd]
-        parts = [a * cos - b * sin, b * cos + a * sin]
-    else:
-        a, b = x[..., 0:rd:2], x[..., 1:rd:2]
-        pairs = xp.stack([a * cos - b * sin, b * cos + a * sin], axis=-1)
-        parts = [xp.reshape(pairs, (*pairs.shape[:-2], rd))]
-    if rd < d:
-        parts.append(x[..., rd:])
-    return xp.concat(parts, axis=-1) if len(parts) > 1 else parts[0]
+    return turn(x, cos, sin, rotary_dim=rd, layout=layout, rotary_at=rotary_at)
 
 
 def rope_call(
@@ -191,6 +215,9 @@ def rope_call(
     layout: str = "half",
     scaling: Mapping[str, Any] | None = None,
     angles: str = "float64",
+    rotary_at: str = "front",
+    axes: Mapping[str, Any] | None = None,
+    positions: Any = None,
     scale: float | None = None,
     mask: Any = None,
     causal: bool | None = None,
@@ -214,10 +241,14 @@ def rope_call(
     )
     check_choice("layout", layout, ROPE_LAYOUTS)
     check_choice("angles", angles, ANGLES)
+    check_choice("rotary_at", rotary_at, ROTARY_AT)
     rule = check_scaling(scaling)
     length = call_length(call.t_q, call.t_k, call.q_offset)
-    rope_frequencies(rotary_width(q.shape[-1], rotary_dim), base=base, scaling=rule,
-                     length=length)
+    rd = rotary_width(q.shape[-1], rotary_dim)
+    rope_frequencies(rd, base=base, scaling=rule, length=length)
+    for x in (q, k):
+        check_positions(x, positions, check_axes(axes), rotary_dim=rd, scaling=rule,
+                        needed=length)
     angle_dtype(call.xp, q.dtype, _xp.device(q), offset=call.q_offset, t=call.t_q,
                 name="q_offset", t_other=call.t_k)
     factor = softmax_factor(rule)
@@ -259,6 +290,9 @@ def rope_attention(
     layout: str = "half",
     scaling: Mapping[str, Any] | None = None,
     angles: str = "float64",
+    rotary_at: str = "front",
+    axes: Mapping[str, Any] | None = None,
+    positions: Any = None,
     scale: float | None = None,
     mask: Any = None,
     causal: bool | None = None,
@@ -273,9 +307,13 @@ def rope_attention(
     Parameters
     ----------
     q, k, v : floating arrays ``(..., t_q, d)``, ``(..., t_k, d)``, ``(..., t_k, d_v)``
-    base, rotary_dim, layout, scaling, angles
+    base, rotary_dim, layout, scaling, angles, rotary_at, axes
         As in `rope_rotate`; a rule that reads the length reads the call's,
         ``max(t_k, q_offset + t_q)``, for queries and keys alike.
+    positions : integer array, optional
+        ``(n_axes, ..., L)``, ``L >= max(t_k, q_offset + t_q)``: the position
+        per axis of each token of the call; key ``j`` is token ``j``, query
+        ``i`` token ``i + q_offset`` (`relpos_ref.schemes.rope_axes`).
     scale, mask, causal, q_offset, return_weights
         As in `relpos_ref.attention` (defaults `DEFAULTS`); `q_offset` also
         sets the queries' rotation (``t_k - t_q`` when decoding with a cache).
@@ -294,7 +332,7 @@ def rope_attention(
     (4, 4)
     """
     rotation = {"base": base, "rotary_dim": rotary_dim, "layout": layout, "scaling": scaling,
-                "angles": angles}
+                "angles": angles, "rotary_at": rotary_at, "axes": axes, "positions": positions}
     call = rope_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
                      **rotation)
     q_rot, k_rot = rope_pair(q, k, call, **rotation)
@@ -317,6 +355,9 @@ def rope_attention_vjp(
     layout: str = "half",
     scaling: Mapping[str, Any] | None = None,
     angles: str = "float64",
+    rotary_at: str = "front",
+    axes: Mapping[str, Any] | None = None,
+    positions: Any = None,
     scale: float | None = None,
     mask: Any = None,
     causal: bool | None = None,
@@ -334,7 +375,9 @@ def rope_attention_vjp(
 
     Parameters
     ----------
-    q, k, v, base, rotary_dim, layout, scaling, angles, scale, mask, causal, q_offset
+    q, k, v, base, rotary_dim, layout, scaling, angles, rotary_at, axes, positions
+        As in `rope_attention`.
+    scale, mask, causal, q_offset
         As in `rope_attention`.
     d_output : floating array, shape ``(..., t_q, d_v)``
         :math:`\partial L / \partial\,\text{out}`; same dtype as `q`.
@@ -353,7 +396,7 @@ def rope_attention_vjp(
            [0., 0.]], dtype=array_api_strict.float64)
     """
     rotation = {"base": base, "rotary_dim": rotary_dim, "layout": layout, "scaling": scaling,
-                "angles": angles}
+                "angles": angles, "rotary_at": rotary_at, "axes": axes, "positions": positions}
     call = rope_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
                      **rotation)
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
