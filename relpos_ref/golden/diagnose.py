@@ -27,7 +27,11 @@ names the bug. The variants, where they apply to a case:
 - ``scale-1`` / ``scale-1/sqrt(d)``: the other common logit scale;
 - ``shared-table``: per-head tables read as one table (every head gets head 0's);
 - ``causal-strict``: the causal mask keeping ``r < 0`` instead of ``r <= 0``;
-  ``not-causal`` / ``causal``: the causal mask forgotten or added.
+  ``not-causal`` / ``causal``: the causal mask forgotten or added;
+- RoPE's: the attention factor applied once or squared twice, YaRN's mscale
+  missing, partial rotary over the whole head, the pairing swapped, the
+  LongRoPE switch at the wrong length, float32 angles
+  (`relpos_ref.golden.diagnose_rope`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import numpy as np
 
 from .. import catalog
 from .compare import to_numpy
+from .diagnose_rope import rope_variants
 
 __all__ = [
     "MUCH_CLOSER",
@@ -168,6 +173,8 @@ def variants(scheme: str, call: Call, params: Mapping[str, Any]) -> Iterator[tup
     if params.get("per_head") and call.tables:
         yield "shared-table", _with_tables(
             call, lambda t, a: np.broadcast_to(a[:1], a.shape).copy(), entry)
+    if scheme == "rope":
+        yield from rope_variants(call, params)
     if "causal" in kwargs:
         if kwargs["causal"]:
             yield "not-causal", call.replace(kwargs={**kwargs, "causal": False})
