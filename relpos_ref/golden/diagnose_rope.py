@@ -64,8 +64,9 @@ def rope_variants(call: Call, params: Mapping[str, Any]) -> Iterator[tuple[str, 
     ...             "scaling": {"rope_type": "yarn", "factor": 8.0,
     ...                         "original_max_position_embeddings": 64}})
     >>> params = {"d": 16, "rotary_dim": None, "t_q": 4, "t_k": 8, "q_offset": 4}
-    >>> [name for name, _ in rope_variants(call, params)]
-    ['attention-factor-once', 'attention-factor-squared-twice', 'yarn-mscale-missing', 'pairing-swapped']
+    >>> [name for name, _ in rope_variants(call, params)]  # doctest: +NORMALIZE_WHITESPACE
+    ['attention-factor-once', 'attention-factor-squared-twice', 'yarn-mscale-missing',
+     'pairing-swapped']
     """
     given = call.kwargs.get("scaling")
     rule = check_scaling(given)
