@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from relpos_ref import backends, catalog, golden
-from relpos_ref.golden.diagnose import Call, _run, variants
+from relpos_ref.golden.diagnose import _run, case_call, variants
 from relpos_ref.golden.tolerance import safety_factor
 
 
@@ -111,10 +111,7 @@ def test_legitimate_16_bit_implementations_pass_with_room(sixteen):
 def test_every_planted_mistake_that_changes_an_output_fails(sixteen):
     subtle = []
     for case in sixteen:
-        a = {n: (x if x.dtype == bool else x.astype(np.float64)) for n, x in case.inputs.items()}
-        entry = catalog.get(case.scheme)
-        call = Call(a["q"], a["k"], a["v"], {t.name: a[t.name] for t in entry.tables
-                                             if t.name in a}, a.get("mask"), case.kwargs)
+        call = case_call(case)  # a decode case's with its plan
         golden_out = case.expected["output"]
         for name, planted in variants(case.scheme, call, case.params):
             try:
@@ -145,7 +142,8 @@ def test_every_planted_mistake_that_changes_an_output_fails(sixteen):
     assert len(angles) == 8 and max(s[2] for s in angles) == 6.29, angles
     subtle = [s for s in subtle if s not in angles]
     # DeepSeek's YaRN factor (0.92) in bfloat16: applied once or squared twice, or left out,
-    # 5.7 to 11.5 e_max, beyond the tolerance
+    # 5.7 to 11.5 e_max, and the decode case's (1.14) applied once 13.8, beyond the tolerance
+    yarn_decode = "rope/decode-yarn/b1-h2-q8-k8-d16-n3-R8-half-yarn/bfloat16/s0"
     deepseek = "rope/yarn-deepseek/b1-h2-q6-k6-d16-R8-interleaved-yarn/bfloat16/s0"
     assert sorted(subtle) == sorted([(decode, "causal-strict", 0.67),
                                      (decode, "clip-at-K+1", 3.29),
@@ -153,5 +151,6 @@ def test_every_planted_mistake_that_changes_an_output_fails(sixteen):
                                      (rope, "causal-strict", 4.7),
                                      (deepseek, "attention-factor-once", 5.71),
                                      (deepseek, "attention-factor-squared-twice", 10.98),
-                                     (deepseek, "yarn-mscale-missing", 11.53)])
+                                     (deepseek, "yarn-mscale-missing", 11.53),
+                                     (yarn_decode, "attention-factor-once", 13.83)])
     assert safety_factor("bfloat16") < 3.29  # the case fails: beyond k e_max

@@ -128,6 +128,7 @@ class Case:
             msg = f"`seed` must be an integer >= 0, got {seed!r}"
             raise ValueError(msg)
         full = {**COMMON_DEFAULTS, **scheme_defaults(entry)}
+        steps = params.pop("steps", None)
         unknown = sorted(set(params) - set(full))
         if unknown:
             msg = (
@@ -148,6 +149,11 @@ class Case:
             ):
                 msg = f"`{name}` must be an integer >= {minimum}, got {value!r}"
                 raise ValueError(msg)
+        if steps is not None:
+            from .decode import check_decode
+
+            full["steps"] = steps
+            check_decode(entry, full)
         _resolve_defaults(entry, full)
         return cls(scheme, variant, tuple(sorted(full.items())), dtype, seed)
 
@@ -162,10 +168,19 @@ class Case:
         return catalog.get(self.scheme)
 
     @property
+    def kind(self) -> str:
+        """``"decode"`` for a case with ``steps`` (`relpos_ref.golden.decode`), else
+        ``"forward"``: one call."""
+        return "decode" if "steps" in self.parameters else "forward"
+
+    @property
     def id(self) -> str:
-        """``scheme/variant/shape/dtype/seed``."""
+        """``scheme/variant/shape/dtype/seed``; a decode case's shape has ``n<steps>``
+        after the width."""
         p = self.parameters
-        shape = f"b{p['b']}-h{p['h']}-q{p['t_q']}-k{p['t_k']}-d{p['d']}-{self.entry.label(p)}"
+        steps = f"-n{p['steps']}" if "steps" in p else ""
+        shape = (f"b{p['b']}-h{p['h']}-q{p['t_q']}-k{p['t_k']}-d{p['d']}{steps}-"
+                 f"{self.entry.label(p)}")
         return f"{self.scheme}/{self.variant}/{shape}/{self.dtype}/s{self.seed}"
 
     @property
@@ -213,6 +228,9 @@ class Case:
         >>> Case.make("bias", "clip", h=2, t_q=3, t_k=4, K=1).d_output().shape
         (1, 2, 3, 8)
         """
+        if self.kind == "decode":
+            msg = f"case {self.id} is a decode case: it has no cotangent (decoding is inference)"
+            raise ValueError(msg)
         rng, _ = self._draw()
         return rng.standard_normal(self.output_shape()).astype(numpy_dtype(self.dtype))
 
@@ -337,15 +355,16 @@ def default_cases() -> CaseRegistry:
     Examples
     --------
     >>> reg = default_cases()
-    >>> len(reg), len({c.scheme for c in reg})
-    (216, 12)
+    >>> len(reg), len({c.scheme for c in reg}), len([c for c in reg if c.kind == "decode"])
+    (256, 12, 40)
     >>> sorted({c.scheme for c in reg})[:6]
     ['absolute', 'alibi', 'bias', 'deberta', 'general', 'grid2d']
     """
+    from .decode import decode_base_cases
     from .default_suite import base_cases
 
     return CaseRegistry(
         Case.make(scheme, variant, dtype=dtype, **params)
-        for scheme, variant, params in base_cases()
+        for scheme, variant, params in [*base_cases(), *decode_base_cases()]
         for dtype in FLOAT_DTYPES
     )
