@@ -40,7 +40,8 @@ BUGS = {
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
     out = tmp_path_factory.mktemp("diagnose-rope") / "golden"
-    golden.generate(out, golden.default_cases().select(["rope/*"], dtypes=["float32"]))
+    cases = golden.default_cases().select(["rope/*"], dtypes=["float32"])
+    golden.generate(out, [c for c in cases if c.kind == "forward"])
     opened = golden.load_suite(out)
     return {_name(cid): opened.load(cid) for cid in opened.cases}
 

@@ -39,6 +39,7 @@ __all__ = [
     "decode_base_cases",
     "decode_plan",
     "decode_variants",
+    "decodes",
     "evaluate_decode",
 ]
 
@@ -108,6 +109,19 @@ def decode_plan(*, t_q: int, t_k: int, steps: int) -> list[DecodeCall]:
     return calls
 
 
+def decodes(entry: catalog.Scheme) -> bool:
+    """Whether a scheme has decode cases: its attention takes ``causal`` and ``q_offset``
+    and is not over a grid (grid2d and Swin attend over a whole grid or window).
+
+    Examples
+    --------
+    >>> decodes(catalog.get("t5")), decodes(catalog.get("swin"))
+    (True, False)
+    """
+    accepts = inspect.signature(entry.attention).parameters
+    return "q_offset" in accepts and "causal" in accepts and entry.grid is None
+
+
 def check_decode(entry: catalog.Scheme, p: dict[str, Any]) -> None:
     """Complete and check a decode case's parameters `p` (before their defaults are resolved).
 
@@ -121,8 +135,7 @@ def check_decode(entry: catalog.Scheme, p: dict[str, Any]) -> None:
         outside ``1 .. t_q - 1``.
     """
     steps = p["steps"]
-    accepts = inspect.signature(entry.attention).parameters
-    if "q_offset" not in accepts or "causal" not in accepts or entry.grid is not None:
+    if not decodes(entry):
         msg = (f"`steps` (a decode case) needs a scheme whose attention takes `causal` and "
                f"`q_offset`; {entry.name!r} attends over a whole grid, got steps={steps!r}")
         raise ValueError(msg)
