@@ -45,8 +45,8 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser(
         "list", help="list the golden cases",
         description="Print the ids of the default golden cases (or those of --cases FILE), "
-                    "one per line, or with --json every case's scheme, variant, dtype, seed "
-                    "and parameters.")
+                    "one per line, or with --json every case's kind, scheme, variant, dtype, "
+                    "seed and parameters.")
     selection(p)
     cases_file(p)
     p.add_argument("--json", action="store_true",
@@ -159,8 +159,9 @@ def run(args: argparse.Namespace) -> tuple[int, str]:
     if args.command == "list":
         cases = _cases(args)
         if args.json:
-            listed = [{"id": c.id, "scheme": c.scheme, "variant": c.variant, "dtype": c.dtype,
-                       "seed": c.seed, "params": c.parameters} for c in cases]
+            listed = [{"id": c.id, "kind": c.kind, "scheme": c.scheme, "variant": c.variant,
+                       "dtype": c.dtype, "seed": c.seed, "params": c.parameters}
+                      for c in cases]
             return 0, json.dumps(listed, indent=1, sort_keys=True)
         return 0, "\n".join(c.id for c in cases)
     if args.command == "generate":

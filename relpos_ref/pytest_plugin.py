@@ -11,8 +11,9 @@ how to give one, so that a CI that forgot the suite is not green; with
 Importing the plugin imports nothing beyond the standard library, so it
 costs nothing in projects that do not use it.
 
-The marker ``@pytest.mark.golden(scheme=..., select=..., dtypes=...)``
-gives a test only some of the suite's cases (one scheme's, say), without
+The marker ``@pytest.mark.golden(scheme=..., select=..., dtypes=...,
+kind=...)`` gives a test only some of the suite's cases (one scheme's, say,
+or ``kind="decode"``: the decode cases, `relpos_ref.golden.decode`), without
 ``pytest.skip``; each takes a name or a list. A marker that selects no case
 of the suite fails the test (or, with ``--golden-allow-missing``, skips it).
 
@@ -56,8 +57,9 @@ NO_SUITE = (
     "or set golden_dir in the ini file; --golden-allow-missing (ini: golden_allow_missing "
     "= true) skips the tests that take golden_case instead"
 )
-_MARKER = ("golden(scheme=None, select=None, dtypes=None): give the test only the golden "
-           "cases of these schemes, id globs and dtypes (relpos-ref)")
+_MARKER = ("golden(scheme=None, select=None, dtypes=None, kind=None): give the test only the "
+           "golden cases of these schemes, id globs, dtypes and kinds (forward, decode) "
+           "(relpos-ref)")
 
 
 def _say(exc: BaseException) -> str:
@@ -162,18 +164,20 @@ def _names(value: Any, what: str) -> list[str]:
 def _marked(entries: list[dict[str, Any]], marker: Any) -> tuple[list[dict[str, Any]], str]:
     """The entries a ``golden`` marker keeps, and the marker as written."""
     from .golden import FLOAT_DTYPES, SCHEMES
+    from .golden.manifest import KINDS
 
     given = dict(marker.kwargs)
     if marker.args:
         given.setdefault("scheme", list(marker.args))
-    unknown = sorted(set(given) - {"scheme", "select", "dtypes"})
+    unknown = sorted(set(given) - {"scheme", "select", "dtypes", "kind"})
     if unknown:
-        msg = (f"@pytest.mark.golden takes scheme=, select= and dtypes=, got "
+        msg = (f"@pytest.mark.golden takes scheme=, select=, dtypes= and kind=, got "
                f"{', '.join(unknown)}")
         raise pytest.UsageError(msg)
     written = ", ".join(f"{k}={v!r}" for k, v in given.items())
     keep = list(entries)
-    for key, known, field in (("scheme", SCHEMES, "scheme"), ("dtypes", FLOAT_DTYPES, "dtype")):
+    for key, known, field in (("scheme", SCHEMES, "scheme"), ("dtypes", FLOAT_DTYPES, "dtype"),
+                              ("kind", KINDS, "kind")):
         if key in given:
             names = _names(given[key], key)
             wrong = [n for n in names if n not in known]
@@ -181,7 +185,7 @@ def _marked(entries: list[dict[str, Any]], marker: Any) -> tuple[list[dict[str, 
                 msg = (f"@pytest.mark.golden: unknown {field} {wrong[0]!r} (known: "
                        f"{', '.join(known)})")
                 raise pytest.UsageError(msg)
-            keep = [e for e in keep if e[field] in names]
+            keep = [e for e in keep if e.get(field, "forward") in names]
     if "select" in given:
         globs = _names(given["select"], "select")
         keep = [e for e in keep if any(fnmatch.fnmatchcase(e["id"], g) for g in globs)]

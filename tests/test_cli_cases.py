@@ -58,7 +58,7 @@ def test_list_json_gives_every_case_with_its_parameters(mine, capsys):
     want = golden.default_cases().select(["shaw/clip/*"])
     assert [c["id"] for c in listed] == [c.id for c in want]
     assert listed[0]["params"] == want[0].parameters and listed[0]["scheme"] == "shaw"
-    assert {"id", "scheme", "variant", "dtype", "seed", "params"} == set(listed[0])
+    assert {"id", "kind", "scheme", "variant", "dtype", "seed", "params"} == set(listed[0])
     assert main(["list", "--json", "--cases", str(mine), "--select", "t5/*"]) == 0
     assert [c["variant"] for c in json.loads(capsys.readouterr().out)] == ["decoder"] * 4
 

@@ -338,6 +338,7 @@ def test_the_golden_params_table_covers_the_catalog_and_says_the_kwargs(tmp_path
     out = tmp_path / "suite"
     golden.generate(out, [golden.Case.make(name, "doc") for name in catalog.names()])
     opened = golden.load_suite(out)
+    decoding = {c.scheme for c in golden.default_cases() if c.kind == "decode"}
     for cid in opened.cases:
         case = opened.load(cid)
         kwargs_cell = rows[case.scheme].split(" | ")[2]
@@ -345,6 +346,8 @@ def test_the_golden_params_table_covers_the_catalog_and_says_the_kwargs(tmp_path
         listed = [k.split("`")[1] for k in kwargs_cell.split(", ")]
         conditional = [k.split("`")[1] for k in kwargs_cell.split(", ") if "(cases with" in k]
         assert list(case.kwargs) == [k for k in listed if k not in conditional], case.scheme
+        decode_cell = rows[case.scheme].split(" | ")[5].rstrip(" |")
+        assert decode_cell == ("yes" if case.scheme in decoding else "no (a whole grid)")
         gradients_cell = rows[case.scheme].split(" | ")[4].rstrip(" |")
         listed = set(gradients_cell.split(", "))
         stored = {f"`{g}`" for g in case.gradient_names}

@@ -50,6 +50,8 @@ MODULES = [
     "relpos_ref.golden.casefile",
     "relpos_ref.golden.cases",
     "relpos_ref.golden.compare",
+    "relpos_ref.golden.decode",
+    "relpos_ref.golden.diagnose_rope",
     "relpos_ref.golden.dtypes",
     "relpos_ref.golden.fileformat",
     "relpos_ref.golden.paths",

@@ -216,6 +216,7 @@ def _axes_reference(p, rd, thetas):
 
 @pytest.mark.parametrize("case", FLOAT64, ids=lambda c: c.id)
 def test_goldens_equal_the_loop_reference(case):
+    # a decode case's prefill and steps against the loop reference of the full causal call
     inputs = case.inputs()
     got = golden_arrays(case, inputs)
     p = case.parameters
@@ -240,8 +241,9 @@ def test_goldens_equal_the_loop_reference(case):
                 x[name] = ref.rope_rotate_axes(x[name], *_axes_reference(p, rd, thetas),
                                                p["layout"], offset=offset,
                                                rotary_at=p["rotary_at"])
-        np.testing.assert_allclose(got["q_rotated"], x["q"], rtol=0, atol=atol)
-        np.testing.assert_allclose(got["k_rotated"], x["k"], rtol=0, atol=atol)
+        if case.kind == "forward":  # a decode case stores its calls' weights and output
+            np.testing.assert_allclose(got["q_rotated"], x["q"], rtol=0, atol=atol)
+            np.testing.assert_allclose(got["k_rotated"], x["k"], rtol=0, atol=atol)
         if scaling and scaling.get("softmax_mscale"):  # DeepSeek: mscale**2 on the scale
             scale *= (0.1 * scaling["mscale_all_dim"] * np.log(scaling["factor"]) + 1) ** 2
     if case.scheme in ("transformer_xl", "deberta"):

@@ -187,8 +187,7 @@ def test_assert_matches_names_the_mistake(suite):
 def test_every_variant_of_the_default_suite_is_told_apart(tmp_path):
     # Each variant's own output, fed back, matches that variant (and not the golden, unless
     # the mistake changes nothing for the case: a single token, a decode step).
-    from relpos_ref import catalog
-    from relpos_ref.golden.diagnose import Call, _run, variants
+    from relpos_ref.golden.diagnose import _run, case_call, variants
 
     out = tmp_path / "suite"
     golden.generate(out, golden.default_cases().select(dtypes=["float32"]))
@@ -196,10 +195,7 @@ def test_every_variant_of_the_default_suite_is_told_apart(tmp_path):
     tried = 0
     for cid in opened.cases:
         case = opened.load(cid, rederive=False)
-        a = {n: (x if x.dtype == bool else x.astype(np.float64)) for n, x in case.inputs.items()}
-        entry = catalog.get(case.scheme)
-        call = Call(a["q"], a["k"], a["v"], {t.name: a[t.name] for t in entry.tables
-                                             if t.name in a}, a.get("mask"), case.kwargs)
+        call = case_call(case)  # a decode case's with its plan
         for name, planted in variants(case.scheme, call, case.params):
             try:
                 wrong = _run(case.scheme, planted).astype(np.float32)

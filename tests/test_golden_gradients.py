@@ -40,9 +40,10 @@ def suite(tmp_path_factory):
 
 
 def _cases(suite, dtypes=None):
+    """The suite's forward cases (a decode case holds no cotangent and no gradients)."""
     for cid in suite.cases:
         case = suite.load(cid, rederive=False)
-        if dtypes is None or case.dtype in dtypes:
+        if case.kind == "forward" and (dtypes is None or case.dtype in dtypes):
             yield case
 
 
@@ -61,6 +62,11 @@ def _within(case: golden.GoldenCase, grads: dict[str, Any]) -> list[str]:
 
 
 def test_every_case_stores_its_cotangent_and_every_gradient(suite):
+    decode = [suite.load(c, rederive=False) for c, e in suite.cases.items()
+              if e["kind"] == "decode"]
+    assert len(decode) == 48 and not any(c.gradient_names for c in decode)
+    with pytest.raises(ValueError, match=r"is a decode case: it has no cotangent `d_output`"):
+        _ = decode[0].d_output
     for case in _cases(suite):
         tables = [n for n, info in case.entry["arrays"].items()
                   if info["role"] == "input" and n not in ("q", "k", "v", "mask")]

@@ -230,8 +230,8 @@ def test_the_marker_selects_by_scheme_glob_and_dtype(marker, count):
 @pytest.mark.parametrize(("marker", "message"), [
     (_marker(scheme="shwa"), "@pytest.mark.golden: unknown scheme 'shwa' (known: "),
     (_marker(dtypes="float8"), "@pytest.mark.golden: unknown dtype 'float8' (known: "),
-    (_marker(schemes="shaw"), "@pytest.mark.golden takes scheme=, select= and dtypes=, "
-                              "got schemes"),
+    (_marker(schemes="shaw"), "@pytest.mark.golden takes scheme=, select=, dtypes= and "
+                              "kind=, got schemes"),
     (_marker(select=3), "@pytest.mark.golden: `select` must be a name or a list of names, "
                         "got 3"),
 ])

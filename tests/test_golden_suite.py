@@ -432,18 +432,18 @@ def test_cli_list(capsys):
 
 
 def test_cli_generate_verify_check(tmp_path, capsys):
-    out = tmp_path / "golden"
+    out = tmp_path / "golden"  # bias's five forward cases and its decode case
     assert main(["generate", "--out", str(out), "--select", "bias/*", "--dtypes", "float32"]) == 0
     captured = capsys.readouterr()
-    assert "wrote 5 cases" in captured.out and captured.err == ""  # no bar off a terminal
+    assert "wrote 6 cases" in captured.out and captured.err == ""  # no bar off a terminal
     assert main(["verify", str(out)]) == 0
-    assert "5 cases and" in capsys.readouterr().out
+    assert "6 cases and" in capsys.readouterr().out
     mine = _write_obtained(tmp_path / "mine", out,
                            lambda c: {"output": c.expected["output"].astype(np.float32)})
     assert main(["check", str(out), str(mine)]) == 0
-    assert "5 of 5 case(s) match" in capsys.readouterr().out
+    assert "6 of 6 case(s) match" in capsys.readouterr().out
     assert main(["check", str(out), str(mine), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["checked"] == 5
+    assert json.loads(capsys.readouterr().out)["checked"] == 6
     _flip(sorted(out.glob("*.safetensors"))[0], 40)
     assert main(["verify", str(out)]) == 1
     assert "SHA-256 differs from the manifest" in capsys.readouterr().out

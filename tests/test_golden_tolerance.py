@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from relpos_ref import backends, catalog, golden
-from relpos_ref.golden.diagnose import Call, _run, variants
+from relpos_ref.golden.diagnose import _run, case_call, variants
 from relpos_ref.golden.tolerance import safety_factor
 
 
@@ -101,7 +101,7 @@ def test_legitimate_16_bit_implementations_pass_with_room(sixteen):
             assert of_atol <= 0.75, (name, case.id, of_atol)
             worst[name] = max(worst.get(name, 0.0), of_naive)
     # the guide's evidence table
-    assert worst["torch-eager"] == pytest.approx(2.19, abs=0.01)
+    assert worst["torch-eager"] == pytest.approx(2.23, abs=0.01)  # kerple/log-causal-end
     assert worst["torch-sdpa"] == pytest.approx(1.19, abs=0.01)  # bias/decode-step-scaled
     assert worst["torch-every-op"] == pytest.approx(1.52, abs=0.01)  # rope/dynamic-decode
     if "jax-every-op" in worst:
@@ -111,10 +111,7 @@ def test_legitimate_16_bit_implementations_pass_with_room(sixteen):
 def test_every_planted_mistake_that_changes_an_output_fails(sixteen):
     subtle = []
     for case in sixteen:
-        a = {n: (x if x.dtype == bool else x.astype(np.float64)) for n, x in case.inputs.items()}
-        entry = catalog.get(case.scheme)
-        call = Call(a["q"], a["k"], a["v"], {t.name: a[t.name] for t in entry.tables
-                                             if t.name in a}, a.get("mask"), case.kwargs)
+        call = case_call(case)  # a decode case's with its plan
         golden_out = case.expected["output"]
         for name, planted in variants(case.scheme, call, case.params):
             try:
@@ -138,8 +135,31 @@ def test_every_planted_mistake_that_changes_an_output_fails(sixteen):
     t5 = "t5/causal-decode-scaled/b1-h2-q4-k64-d8-B32-D32/bfloat16/s0"
     # a RoPE decode step of 24 keys: dropping the diagonal key moves it by 4.7 e_max
     rope = "rope/dynamic-decode/b1-h2-q1-k24-d8-R8-half-dynamic/bfloat16/s0"
+    # RoPE's angles formed in float32 (or exactly, where the golden's are float32's) move a
+    # 16-bit output by 0.09 to 6.3 e_max: 16-bit inputs are rounded more than the angles,
+    # so the 16-bit goldens neither tell them apart nor need to (the float32 cases do)
+    angles = [s for s in subtle if s[1].endswith("-angles")]
+    assert len(angles) == 8 and max(s[2] for s in angles) == 6.29, angles
+    subtle = [s for s in subtle if s not in angles]
+    # DeepSeek's YaRN factor (0.92) in bfloat16: applied once or squared twice, or left out,
+    # 5.7 to 11.5 e_max, and the decode case's (1.14) applied once 13.8, beyond the tolerance
+    yarn_decode = "rope/decode-yarn/b1-h2-q8-k8-d16-n3-R8-half-yarn/bfloat16/s0"
+    deepseek = "rope/yarn-deepseek/b1-h2-q6-k6-d16-R8-interleaved-yarn/bfloat16/s0"
+    kerple_decode = "kerple/decode-log/b1-h3-q8-k8-d8-n3-log/bfloat16/s0"
+    kerple_power = "kerple/power-masked/b1-h3-q7-k7-d8-power/bfloat16/s0"
+    sandwich = "sandwich/nemo-d16/b1-h3-q5-k7-d8-D16-c1/bfloat16/s0"
     assert sorted(subtle) == sorted([(decode, "causal-strict", 0.67),
                                      (decode, "clip-at-K+1", 3.29),
                                      (scaled, "clip-at-K+1", 13.6), (t5, "not-causal", 14.94),
-                                     (rope, "causal-strict", 4.7)])
+                                     (rope, "causal-strict", 4.7),
+                                     (deepseek, "attention-factor-once", 5.71),
+                                     (deepseek, "attention-factor-squared-twice", 10.98),
+                                     (deepseek, "yarn-mscale-missing", 11.53),
+                                     (yarn_decode, "attention-factor-once", 13.83),
+                                     # the smooth biases move little per position in bfloat16:
+                                     # KERPLE's log kernel, Sandwich's sinusoids at 16 wide
+                                     (kerple_decode, "cache-length+1", 6.9),
+                                     (kerple_power, "q_offset+1", 13.43),
+                                     (sandwich, "end-aligned", 8.53),
+                                     (sandwich, "start-aligned", 8.59)])
     assert safety_factor("bfloat16") < 3.29  # the case fails: beyond k e_max

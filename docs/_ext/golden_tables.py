@@ -33,15 +33,17 @@ def golden_kwargs(entry: catalog.Scheme) -> list[str]:
 
 
 def golden_parameter_rows() -> str:
-    """Per scheme: its golden case parameters, the kwargs, inputs and gradients of a case.
+    """Per scheme: its golden case parameters, the kwargs, inputs and gradients of a case,
+    and whether it has decode cases (`relpos_ref.golden.decode.decodes`).
 
     A Markdown table generated from the catalog and `relpos_ref.golden.Case`.
     """
     from relpos_ref.golden.cases import scheme_defaults
+    from relpos_ref.golden.decode import decodes
     from relpos_ref.golden.pipeline import gradient_name
 
     head = ("| scheme | its `params` (besides the common ones) | `kwargs` | table inputs "
-            "| gradients |\n|---|---|---|---|---|")
+            "| gradients | decode cases (`steps`) |\n|---|---|---|---|---|---|")
     rows = [head]
     for name in SCHEMES:
         entry = catalog.get(name)
@@ -62,6 +64,7 @@ def golden_parameter_rows() -> str:
         rows.append(
             f"| `{name}` | {params or '(none)'} | {', '.join(kwargs)} | "
             f"{', '.join(f'`{t}`' for t in tables) or '(none)'} | "
-            f"{', '.join(f'`{gradient_name(a)}`' for a in arguments)} |"
+            f"{', '.join(f'`{gradient_name(a)}`' for a in arguments)} | "
+            f"{'yes' if decodes(entry) else 'no (a whole grid)'} |"
         )
     return "\n".join(rows) + "\n"

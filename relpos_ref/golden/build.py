@@ -121,10 +121,11 @@ def build_case(case: Case, *, fmt: str, backend: GoldenBackend) -> tuple[bytes, 
     The file holds the inputs (role ``input``), the output's cotangent
     ``d_output`` (role ``cotangent``), the float64 goldens of the forward
     stages and of the gradients (role ``golden``) and the integer
-    intermediates (role ``index``).
+    intermediates (role ``index``); a decode case, its inputs and the
+    ``weights`` and ``output`` of its calls (`relpos_ref.golden.decode`).
     """
     inputs = case.inputs()
-    d_output = case.d_output()
+    d_output = case.d_output() if case.kind == "forward" else None
     goldens = goldens_on(case, inputs, backend, d_output=d_output)
     naive = naive_arrays(case, inputs, d_output=d_output)
     arrays: dict[str, np.ndarray] = {}
@@ -132,8 +133,9 @@ def build_case(case: Case, *, fmt: str, backend: GoldenBackend) -> tuple[bytes, 
     for name, a in inputs.items():
         arrays[name] = a
         described[name] = {"role": "input"}
-    arrays["d_output"] = d_output
-    described["d_output"] = {"role": "cotangent"}
+    if d_output is not None:
+        arrays["d_output"] = d_output
+        described["d_output"] = {"role": "cotangent"}
     for name, a in goldens.items():
         arrays[name] = a
         if a.dtype.kind == "f":
@@ -149,6 +151,7 @@ def build_case(case: Case, *, fmt: str, backend: GoldenBackend) -> tuple[bytes, 
     p = case.parameters
     entry = {
         "id": case.id,
+        "kind": case.kind,
         "scheme": case.scheme,
         "variant": case.variant,
         "params": p,

@@ -18,7 +18,10 @@ names the bug. The variants, where they apply to a case:
   distance beyond ``K`` reads zero (where the case clips);
 - ``start-aligned`` / ``end-aligned``: queries at ``q_offset = 0`` or
   ``t_k - t_q`` instead of the case's offset; ``q_offset+1`` / ``q_offset-1``:
-  the offset one off, either way (where that is neither of those);
+  the offset one off, either way (where that is neither of those); in a
+  decode case instead, ``decode-start-aligned`` (each step at ``q_offset =
+  0``) and ``cache-length+1`` / ``cache-length-1`` (each step placed by a
+  cache length one off), `relpos_ref.golden.decode.decode_variants`;
 - ``t5-causal-sign-flipped``: a causal T5 (``bidirectional=False``) bucketing
   ``context - memory`` instead of ``memory - context``, so every past key
   falls in bucket 0 (a decoder's sign swapped);
@@ -27,7 +30,11 @@ names the bug. The variants, where they apply to a case:
 - ``scale-1`` / ``scale-1/sqrt(d)``: the other common logit scale;
 - ``shared-table``: per-head tables read as one table (every head gets head 0's);
 - ``causal-strict``: the causal mask keeping ``r < 0`` instead of ``r <= 0``;
-  ``not-causal`` / ``causal``: the causal mask forgotten or added.
+  ``not-causal`` / ``causal``: the causal mask forgotten or added;
+- RoPE's: the attention factor applied once or squared twice, YaRN's mscale
+  missing, partial rotary over the whole head, the pairing swapped, the
+  LongRoPE switch at the wrong length, float32 angles
+  (`relpos_ref.golden.diagnose_rope`).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +51,16 @@ import numpy as np
 
 from .. import catalog
 from .compare import to_numpy
+from .decode import decode_variants
+from .diagnose_rope import rope_variants
+from .diagnosis import MUCH_CLOSER, CaseDiagnosis, VariantResult, _ratio
 
 __all__ = [
     "MUCH_CLOSER",
     "Call",
     "CaseDiagnosis",
     "VariantResult",
+    "case_call",
     "diagnose",
     "diagnose_case",
     "variants",
@@ -70,7 +81,9 @@ class Call:
 
     With `bias` (a dense ``(..., t_q, t_k)`` array), the call is plain
     `relpos_ref.attention.attention` with that bias instead, for a mistake no
-    argument of the scheme's function can express.
+    argument of the scheme's function can express. With `decode` (a decode
+    case's plan, `relpos_ref.golden.decode.decode_plan`), it is run as those
+    calls, each on its rows and cache, their outputs concatenated.
     """
 
     q: Any
@@ -80,6 +93,7 @@ class Call:
     mask: Any
     kwargs: dict[str, Any]
     bias: Any = None
+    decode: tuple[Any, ...] | None = None
 
     def replace(self, **changes: Any) -> Call:
         """This call with some fields changed."""
@@ -141,7 +155,9 @@ def variants(scheme: str, call: Call, params: Mapping[str, Any]) -> Iterator[tup
         if past is not None:
             late = late.replace(kwargs={**late.kwargs, "max_past": past + 1})
         yield "clip-at-K+1", late
-    if "q_offset" in kwargs:
+    if call.decode is not None:
+        yield from decode_variants(call)
+    elif "q_offset" in kwargs:
         t_q, t_k = params["t_q"], params["t_k"]
         if kwargs["q_offset"] != 0:
             yield "start-aligned", call.replace(kwargs={**kwargs, "q_offset": 0})
@@ -168,6 +184,8 @@ def variants(scheme: str, call: Call, params: Mapping[str, Any]) -> Iterator[tup
     if params.get("per_head") and call.tables:
         yield "shared-table", _with_tables(
             call, lambda t, a: np.broadcast_to(a[:1], a.shape).copy(), entry)
+    if scheme == "rope":
+        yield from rope_variants(call, params)
     if "causal" in kwargs:
         if kwargs["causal"]:
             yield "not-causal", call.replace(kwargs={**kwargs, "causal": False})
@@ -229,6 +247,15 @@ def _run(scheme: str, call: Call) -> np.ndarray:
 
     from ..attention import attention
 
+    if call.decode is not None:  # each call on its rows and cache, at its offset
+        parts = []
+        for step in call.decode:
+            x = step.inputs({"q": call.q, "k": call.k, "v": call.v, "mask": call.mask,
+                             "bias": call.bias})
+            parts.append(_run(scheme, call.replace(
+                q=x["q"], k=x["k"], v=x["v"], mask=x["mask"], bias=x["bias"],
+                kwargs=step.kwargs(call.kwargs), decode=None)))
+        return np.concatenate(parts, axis=-2)
     entry = catalog.get(scheme)
     with np.errstate(all="ignore"):
         if call.bias is not None:
@@ -242,91 +269,15 @@ def _run(scheme: str, call: Call) -> np.ndarray:
     return np.asarray(out, dtype=np.float64)
 
 
-@dataclass(frozen=True)
-class VariantResult:
-    """How far the obtained output is from one variant: ``max |obtained - variant| / atol``."""
-
-    name: str
-    max_error: float
-    ratio: float
-
-    @property
-    def matches(self) -> bool:
-        return self.ratio <= 1.0
-
-
-#: A nearest variant is named only when it is at least this many times closer to the
-#: obtained output than the golden is (see ``docs/golden.md``, "Diagnosing a mismatch").
-MUCH_CLOSER = 10.0
-
-
-@dataclass
-class CaseDiagnosis:
-    """The obtained output against the golden and against every variant, nearest first.
-
-    Every distance is ``max |obtained - reference| / atol``: in units of the
-    case's ``output`` tolerance.
-    """
-
-    case_id: str
-    golden_ratio: float
-    variants: list[VariantResult] = field(default_factory=list)
-
-    @property
-    def matches_golden(self) -> bool:
-        return self.golden_ratio <= 1.0
-
-    @property
-    def nearest(self) -> VariantResult | None:
-        """The nearest variant when none matches but it is `MUCH_CLOSER` than the golden."""
-        if not self.variants or self.variants[0].matches:
-            return None
-        near = self.variants[0]
-        return near if near.ratio * MUCH_CLOSER <= self.golden_ratio else None
-
-    @property
-    def verdict(self) -> str:
-        """One line: the golden matches, a variant matches, or the nearest variant."""
-        if self.matches_golden:
-            return (f"{self.case_id}: matches the golden ({self.golden_ratio:.2g}x the "
-                    "tolerance)")
-        head = f"{self.case_id}: {self.golden_ratio:.3g}x the tolerance from the golden"
-        found = [v for v in self.variants if v.matches]
-        if found:
-            names = ", ".join(v.name for v in found)
-            return f"{head}; matches {names} ({found[0].ratio:.2g}x the tolerance)"
-        near = self.nearest
-        if near is not None:
-            return (f"{head}; no known mistake matches; nearest variant {near.name} at "
-                    f"{near.ratio:.3g}x the tolerance, "
-                    f"{self.golden_ratio / near.ratio:.3g} times closer than the golden")
-        return f"{head}; no known mistake matches or comes {MUCH_CLOSER:g} times closer"
-
-    def lines(self) -> Iterator[str]:
-        yield self.verdict
-        if not self.matches_golden:
-            for v in self.variants:
-                yield (f"  {v.name:<22} {v.ratio:10.3g}x the tolerance  "
-                       f"(max |err| {v.max_error:.3g})")
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"case": self.case_id, "golden_ratio": _finite(self.golden_ratio),
-                "matches_golden": self.matches_golden,
-                "nearest": self.nearest.name if self.nearest else None,
-                "variants": [{"name": v.name, "ratio": _finite(v.ratio),
-                              "max_error": _finite(v.max_error), "matches": v.matches}
-                             for v in self.variants]}
-
-
-def _finite(x: float) -> float | str:
-    return x if math.isfinite(x) else repr(x)
-
-
-def _ratio(obtained: np.ndarray, want: np.ndarray, atol: float) -> tuple[float, float]:
-    err = np.abs(obtained - want)
-    err = np.where(np.isfinite(obtained) & np.isfinite(want), err, np.inf)
-    worst = float(err.max()) if err.size else 0.0
-    return worst, (worst / atol if atol > 0 else (0.0 if worst == 0 else math.inf))
+def case_call(case: Any) -> Call:
+    """A loaded case's call, in float64 (a decode case's with its plan)."""
+    inputs = {n: (a if a.dtype == bool else a.astype(np.float64))
+              for n, a in case.inputs.items()}
+    entry = catalog.get(case.scheme)
+    plan = tuple(case.decode_calls()) if case.kind == "decode" else None
+    return Call(inputs["q"], inputs["k"], inputs["v"],
+                {t.name: inputs[t.name] for t in entry.tables if t.name in inputs},
+                inputs.get("mask"), dict(case.kwargs), decode=plan)
 
 
 def diagnose_case(case: Any, output: Any) -> CaseDiagnosis:
@@ -370,12 +321,7 @@ def diagnose_case(case: Any, output: Any) -> CaseDiagnosis:
     atol = case.limit("output")
     _, golden_ratio = _ratio(obtained, golden, atol)
     diagnosis = CaseDiagnosis(case.id, golden_ratio)
-    inputs = {n: (a if a.dtype == bool else a.astype(np.float64))
-              for n, a in case.inputs.items()}
-    entry = catalog.get(case.scheme)
-    call = Call(inputs["q"], inputs["k"], inputs["v"],
-                {t.name: inputs[t.name] for t in entry.tables if t.name in inputs},
-                inputs.get("mask"), dict(case.kwargs))
+    call = case_call(case)
     for name, planted in variants(case.scheme, call, case.params):
         try:
             want = _run(case.scheme, planted)

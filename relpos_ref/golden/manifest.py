@@ -31,6 +31,8 @@ FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 SCHEMA = "manifest.schema.json"
 ROLES = ("input", "cotangent", "index", "golden")
+#: The kinds of case (`relpos_ref.golden.decode.KINDS`); absent is "forward".
+KINDS = ("forward", "decode")
 #: A manifest larger than this is refused before it is read.
 MAX_MANIFEST_BYTES = 2**28
 _EXTENSIONS = {"safetensors": ".safetensors", "npz": ".npz"}
@@ -138,6 +140,9 @@ def check_structure(manifest: Any, *, where: str = MANIFEST) -> None:
             ("arrays", dict),
         ):
             _need(case, key, kind, at)
+        if case.get("kind", "forward") not in KINDS:
+            msg = f"{at}: unknown kind {case['kind']!r} (known: {', '.join(KINDS)})"
+            raise ManifestError(msg)
         if ids.count(case["id"]) > 1:
             msg = f"{at}: case id {case['id']!r} appears more than once"
             raise ManifestError(msg)

@@ -88,8 +88,14 @@ def evaluate(
     Returns
     -------
     dict
-        Integer intermediates, then `FLOAT_STAGES` that the scheme has.
+        Integer intermediates, then `FLOAT_STAGES` that the scheme has; a
+        decode case's ``weights`` and ``output`` (`relpos_ref.golden.decode`).
     """
+    if case.kind == "decode":
+        from .decode import evaluate_decode
+
+        return evaluate_decode(case, xp, arrays, evaluate, method=method, store=store,
+                               matmul=matmul)
     p = case.parameters
     entry = case.entry
     tables = {t.name: arrays[t.name] for t in entry.tables if t.name in arrays}

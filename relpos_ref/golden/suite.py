@@ -27,6 +27,7 @@ from .build import (
 )
 from .cases import select_ids
 from .compare import ArrayResult, compare_arrays
+from .decode import DecodeCall, decode_plan
 from .fileformat import CorruptFileError, file_limit, loads_file
 from .manifest import MANIFEST, MAX_MANIFEST_BYTES, ManifestError, parse
 from .paths import SuiteError, entries, read_plain
@@ -84,6 +85,28 @@ class GoldenCase:
     @property
     def scheme(self) -> str:
         return self.entry["scheme"]
+
+    @property
+    def kind(self) -> str:
+        """``"forward"`` (one call) or ``"decode"`` (`decode_calls`)."""
+        return self.entry.get("kind", "forward")
+
+    def decode_calls(self) -> list[DecodeCall]:
+        """A decode case's calls: the prefill, then each step (`relpos_ref.golden.decode`).
+
+        Each call's `~relpos_ref.golden.decode.DecodeCall.inputs` cuts the
+        case's inputs (of any library) to its queries and cache, and its
+        `~relpos_ref.golden.decode.DecodeCall.kwargs` sets its ``q_offset``;
+        their outputs, concatenated on axis -2, are the case's ``output``::
+
+            outs = [my_kernel(**c.inputs(inputs), **c.kwargs(golden_case.kwargs))
+                    for c in golden_case.decode_calls()]
+        """
+        if self.kind != "decode":
+            msg = f"case {self.id} is a {self.kind} case, not a decode case"
+            raise ValueError(msg)
+        p = self.params
+        return decode_plan(t_q=p["t_q"], t_k=p["t_k"], steps=p["steps"])
 
     @property
     def params(self) -> dict[str, Any]:
@@ -168,7 +191,11 @@ class GoldenCase:
         Run your backward pass with it: ``dq``, ``dk``, ``dv`` and
         ``d_<table>`` are the gradients of the loss whose gradient with
         respect to the output is ``d_output`` (``sum(output * d_output)``).
+        A decode case has none (a `ValueError`).
         """
+        if "d_output" not in self.arrays:
+            msg = f"case {self.id} is a {self.kind} case: it has no cotangent `d_output`"
+            raise ValueError(msg)
         return self.arrays["d_output"]
 
     @property
