@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._validate import check_bool, check_choice, positive_int
+from .schemes.rope_axes import check_axes
 from .schemes.rope_scaling import POLICIES, check_scaling
 
 __all__ = ["rope_from_config"]
@@ -92,7 +93,10 @@ def rope_from_config(
     Returns
     -------
     dict
-        ``base``, ``rotary_dim``, ``layout`` and ``scaling``.
+        ``base``, ``rotary_dim``, ``layout`` and ``scaling``; with an
+        ``mrope_section`` (Qwen2-VL; ``mrope_interleaved``, Qwen3-VL) also
+        ``axes``, M-RoPE's sections, and the call then takes ``positions``
+        ``(3, ..., L)`` (time, height, width).
 
     Examples
     --------
@@ -101,6 +105,9 @@ def rope_from_config(
     ...     "original_max_position_embeddings": 8192}, head_dim=128)
     >>> kw["base"], kw["rotary_dim"], kw["scaling"]["rope_type"]
     (500000.0, 128, 'llama3')
+    >>> rope_from_config({"rope_type": "default", "mrope_section": [16, 24, 24],
+    ...                   "mrope_interleaved": True}, head_dim=128)["axes"]
+    {'axes_type': 'mrope', 'mrope_section': (16, 24, 24), 'mrope_interleaved': True}
     >>> rope_from_config({"type": "linear", "factor": 2.0}, head_dim=64,
     ...                  partial_rotary_factor=0.5)["scaling"]
     {'rope_type': 'linear', 'factor': 2.0}
@@ -114,9 +121,9 @@ def rope_from_config(
     given = dict(rope_parameters or {})
     kind = given.pop("rope_type", None) or given.pop("type", None) or "default"
     given.pop("type", None)
-    if "mrope_section" in given or kind == "mrope":
-        msg = "`rope_parameters` with mrope_section (M-RoPE) is not supported yet"
-        raise ValueError(msg)
+    if kind == "mrope":  # transformers 4.x's Qwen2-VL: "mrope" meant default frequencies
+        kind = "default"
+    axes = _mrope_axes(given)
     if kind not in _READS:
         listed = ", ".join(repr(k) for k in _READS)
         msg = f"`rope_parameters['rope_type']` must be one of {listed}, got {kind!r}"
@@ -135,7 +142,30 @@ def rope_from_config(
     rotary_dim = head_dim if kind == "proportional" else int(head_dim * fraction)
     scaling = _scaling(kind, given, fraction, max_position_embeddings, policy, softmax_mscale)
     check_scaling(scaling)
-    return {"base": base, "rotary_dim": rotary_dim, "layout": layout, "scaling": scaling}
+    out = {"base": base, "rotary_dim": rotary_dim, "layout": layout, "scaling": scaling}
+    if axes is not None:
+        pairs = sum(axes["mrope_section"])
+        if pairs != rotary_dim // 2:
+            msg = (f"`rope_parameters['mrope_section']` must share out the {rotary_dim // 2} "
+                   f"pairs of a rotary dimension of {rotary_dim}, got "
+                   f"{list(axes['mrope_section'])} (sum {pairs})")
+            raise ValueError(msg)
+        out["axes"] = axes
+    return out
+
+
+def _mrope_axes(given: dict[str, Any]) -> dict[str, Any] | None:
+    """Qwen2-VL's ``mrope_section`` (and Qwen3-VL's ``mrope_interleaved``), taken from `given`,
+    as `relpos_ref.rope_rotate`'s ``axes``; ``None`` without a section."""
+    section = given.pop("mrope_section", None)
+    interleaved = given.pop("mrope_interleaved", None)
+    if section is None:
+        if interleaved:
+            msg = "`rope_parameters['mrope_interleaved']` needs `mrope_section`, got none"
+            raise ValueError(msg)
+        return None
+    return check_axes({"axes_type": "mrope", "mrope_section": list(section),
+                       "mrope_interleaved": bool(interleaved)})
 
 
 def _scaling(kind: str, given: dict[str, Any], fraction: float, max_positions: int | None,

@@ -400,14 +400,15 @@ PRESETS: Mapping[str, Preset] = {
             {"layout": "half"},
             "rope_from_config(config.rope_parameters, head_dim=..., max_position_embeddings=...) "
             "gives base, rotary_dim, layout and scaling for every rope_type (default, linear, "
-            "dynamic, yarn, longrope, llama3, proportional); rotate_half pairs c and c + R/2 "
+            "dynamic, yarn, longrope, llama3, proportional), and axes for an mrope_section "
+            "(Qwen2-VL; Qwen3-VL's mrope_interleaved); rotate_half pairs c and c + R/2 "
             "(layout 'half'; DeepSeek's rope_interleave: 'interleaved'); cos and sin carry the "
             "attention factor; DeepSeek-V2/V3 also scale the softmax by mscale**2 "
             "(softmax_mscale=True). transformers computes the angles in float32 "
             "(angles='float32' reproduces that arithmetic) and, for dynamic, the base from "
             "each call's length (policy 'per_call'), keeping cached keys at their old base.",
-            "peer test (tests/test_peers_rope.py) against transformers' rotary embeddings, "
-            "cos/sin and rotated q/k",
+            "peer tests (tests/test_peers_rope.py, tests/test_peers_rope_axes.py) against "
+            "transformers' rotary embeddings, cos/sin and rotated q/k",
         ),
         *(Preset(**fields) for fields in BIAS_PRESETS),
     )

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 import relpos_ref as rp
+from relpos_ref.presets import rope_from_config
 
 pytestmark = pytest.mark.peers
 torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -103,10 +104,12 @@ def test_mrope_cos_sin_and_rotated_q_k_equal_transformers(name):
     module, apply = _text(model, params)
     positions = _positions(3, 0)
     cos, sin = (a[0].numpy() for a in module(torch.zeros(1), torch.tensor(positions)[:, None]))
-    axes = {"axes_type": "mrope", "mrope_section": SECTION, "mrope_interleaved": interleaved}
-    scaling = None if params["rope_type"] == "default" else {"rope_type": "linear",
-                                                             "factor": params["factor"]}
-    kw = {"axes": axes, "base": params["rope_theta"], "scaling": scaling}
+    # the arguments from the model's own rope_parameters, through the preset
+    preset = rope_from_config(params, head_dim=HEAD)
+    assert preset["axes"] == {"axes_type": "mrope", "mrope_section": tuple(SECTION),
+                              "mrope_interleaved": interleaved}
+    assert preset["rotary_dim"] == HEAD and preset["layout"] == "half"
+    kw = {key: preset[key] for key in ("axes", "base", "scaling")}
     rng = np.random.default_rng(1)
     q, k = (torch.tensor(rng.standard_normal((1, 2, T, HEAD)), dtype=torch.float32)
             for _ in range(2))

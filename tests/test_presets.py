@@ -155,6 +155,14 @@ def test_transformer_xl_original_code(qlen, mem_len, clamp_len):
 
 @pytest.mark.parametrize(("params", "kwargs", "want"), [
     (None, {}, {"base": 10000.0, "rotary_dim": 64, "scaling": None}),
+    # Qwen2-VL (transformers 4.x: rope_type "mrope"), Qwen3-VL's interleaved sections
+    ({"type": "mrope", "mrope_section": [8, 12, 12]}, {},
+     {"scaling": None, "axes": {"axes_type": "mrope", "mrope_section": (8, 12, 12),
+                                "mrope_interleaved": False}}),
+    ({"rope_type": "linear", "factor": 2.0, "mrope_section": [8, 12, 12],
+      "mrope_interleaved": True}, {},
+     {"scaling": {"rope_type": "linear", "factor": 2.0},
+      "axes": {"axes_type": "mrope", "mrope_section": (8, 12, 12), "mrope_interleaved": True}}),
     ({"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}, {},
      {"base": 1e6, "rotary_dim": 16, "scaling": None}),
     ({"type": "linear", "factor": 2.0}, {"rope_theta": 500.0, "partial_rotary_factor": 0.5},
@@ -191,7 +199,11 @@ def test_rope_from_config_reads_rope_parameters(params, kwargs, want):
 @pytest.mark.parametrize(("params", "kwargs", "match"), [
     ({"rope_type": "dynamic", "factor": 2.0}, {}, "rope_type 'dynamic' needs "
                                                  "`max_position_embeddings`"),
-    ({"rope_type": "mrope", "mrope_section": [16, 24, 24]}, {}, "M-RoPE"),
+    ({"rope_type": "mrope", "mrope_section": [16, 24, 24]}, {},
+     r"must share out the 32 pairs of a rotary dimension of 64, got \[16, 24, 24\] \(sum 64\)"),
+    ({"rope_type": "default", "mrope_interleaved": True}, {},
+     r"`rope_parameters\['mrope_interleaved'\]` needs `mrope_section`"),
+    ({"mrope_section": [8, "x", 12]}, {}, r'`axes\["mrope_section"\]` must hold integers'),
     ({"rope_type": "linear", "factor": 2.0, "beta_fast": 3}, {},
      "has field.s. beta_fast that it does not read"),
     ({"rope_type": "ntk"}, {}, r"`rope_parameters\['rope_type'\]` must be one of"),
