@@ -25,8 +25,9 @@ writes a JSON file (machine, library versions, date, every measurement) to
    (``--flex``): a hand-written bias score_mod against our bias attention, and the
    score_mods `relpos_ref.flex` exports for bias, T5 and ALiBi against hand-written
    ones and against SDPA with the bias materialized as ``(1, h, t, t)`` (issue 30);
-8. RoPE's frequency scalings and float32 angles (issue 28) against plain RoPE, each
-   timed interleaved with `relpos_ref.rope_attention` unscaled (`rope_variants`);
+8. RoPE's frequency scalings, float32 angles and axis layouts (issue 28) against plain
+   RoPE, each timed interleaved with `relpos_ref.rope_attention` unscaled
+   (`rope_variants`, `rope_axis_variants`);
 9. the targets of issues 7, 14, 16, 17, 28 and 30, each marked met or missed.
 
 The schemes, their tables and their benchmark sizes come from `relpos_ref.catalog`.
@@ -221,11 +222,55 @@ def rope_variants(t: int, d: int) -> dict[str, dict[str, Any]]:
     }
 
 
+def rope_axis_variants(t: int, d: int) -> dict[str, dict[str, Any]]:
+    """Keyword arguments of `relpos_ref.rope_attention` for each axis layout at length `t`.
+
+    ``positions`` are NumPy integers here (`rope_comparison` moves them to the
+    call's library once): M-RoPE's three axes over text, a square image and
+    text again (Qwen2-VL's sections, and Qwen3-VL's interleaved), axial RoPE
+    of a row-major grid (two axes, a head's half each), RoPE-Mixed's learned
+    frequencies on that grid, and the rotated part at the tail of the head.
+    """
+    pairs = d // 2
+    side = max(int(np.sqrt(t // 2)), 1)  # an image of side x side patches mid-sequence
+    text = (t - side * side) // 2
+    rows, cols = np.divmod(np.arange(side * side), side)
+    tail = np.arange(t - text - side * side) + text + side
+    mrope = np.concatenate([np.repeat(np.arange(text)[None], 3, axis=0),
+                            np.stack([np.full(side * side, text), text + rows, text + cols]),
+                            np.repeat(tail[None], 3, axis=0)], axis=1)
+    grid_rows, grid_cols = np.divmod(np.arange(t), max(int(np.ceil(np.sqrt(t))), 1))
+    grid = np.stack([grid_rows, grid_cols])
+    section = [pairs - 2 * (3 * pairs // 8), 3 * pairs // 8, 3 * pairs // 8]
+    frequencies = np.random.default_rng(0).uniform(-1.0, 1.0, (pairs, 2)) * 0.1
+    return {
+        "mrope": {"axes": {"axes_type": "mrope", "mrope_section": section},
+                  "positions": mrope},
+        "mrope-interleaved": {"axes": {"axes_type": "mrope", "mrope_section": section,
+                                       "mrope_interleaved": True}, "positions": mrope},
+        "axial-2d": {"axes": {"axes_type": "axial", "axes_dims": [d // 2, d - d // 2]},
+                     "positions": grid},
+        "mixed": {"axes": {"axes_type": "mixed", "frequencies": frequencies.tolist()},
+                  "positions": grid},
+        "tail": {"rotary_dim": d // 2, "rotary_at": "tail"},
+    }
+
+
 def rope_comparison(backend: Any, q: Any, k: Any, v: Any, repeat: int) -> list[dict[str, Any]]:
-    """Each of `rope_variants` against plain RoPE: times and the median paired ratio."""
+    """Each of `rope_variants` and `rope_axis_variants` against plain RoPE: times and the
+    median paired ratio."""
+    import array_api_compat
+
     t, d = q.shape[-2], q.shape[-1]
+    xp = array_api_compat.array_namespace(q)
+    variants = rope_variants(t, d)
+    for name, options in rope_axis_variants(t, d).items():
+        if "positions" in options:  # in the call's library, once
+            options = {**options, "positions": xp.asarray(
+                options["positions"], device=array_api_compat.device(q))}
+        variants[name] = options
     rows = []
-    for name, options in rope_variants(t, d).items():
+    for name, options in variants.items():
         seconds, plain, ratio = _timed_against(
             backend, lambda options=options: rp.rope_attention(q, k, v, **options),
             lambda: rp.rope_attention(q, k, v), repeat)

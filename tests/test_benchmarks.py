@@ -44,9 +44,10 @@ def test_benchmark_suite_runs_and_writes_its_json(bench, tmp_path, capsys):
     assert {t["target"].split()[0] for t in report["targets"]} >= {"general", "shaw", "blocked"}
     variants = {row["variant"] for row in report["rope"]}
     assert variants == {"linear", "dynamic", "yarn", "yarn-deepseek", "longrope", "llama3",
-                        "proportional", "float32-angles"}
+                        "proportional", "float32-angles", "mrope", "mrope-interleaved",
+                        "axial-2d", "mixed", "tail"}
     assert all(row["ratio_to_rope"] > 0 for row in report["rope"])
-    assert sum(t["target"].endswith("<= 1.1x plain rope") for t in report["targets"]) == 7
+    assert sum(t["target"].endswith("<= 1.1x plain rope") for t in report["targets"]) == 12
     assert {row["scheme"].split()[0] for row in report["backward"]} == schemes
     assert all(row["seconds"] > 0 and row["ratio_to_forward"] > 0 for row in report["backward"])
     assert "sdpa" not in report  # torch only

@@ -276,8 +276,11 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
                                                       if n not in ("q", "k", "v", *tables)}}))
             _, targets, gradients = form_gradients(
                 form, d_output, _KERNEL, interpret=INTERPRETER, precision=PRECISION)
-            found = torch.autograd.grad(targets, list(leaves.values()), gradients,
-                                        allow_unused=True)
+            # a term built from constants alone (Sandwich's bias) has no gradient to pass on
+            pairs = [(t, g) for t, g in zip(targets, gradients, strict=True) if t.requires_grad]
+            found = (torch.autograd.grad([t for t, _ in pairs], list(leaves.values()),
+                                         [g for _, g in pairs], allow_unused=True)
+                     if pairs else [None] * len(leaves))
         return {n: (torch.zeros_like(a) if g is None else g.to(a.dtype))
                 for (n, a), g in zip(leaves.items(), found, strict=True)}
 

@@ -86,8 +86,8 @@ def sandwich_kernel(distance: Any, /, *, d_bar: int = 128, start: int = 0) -> An
 
     Parameters
     ----------
-    distance : floating array, shape ``(n,)``
-        Distances ``r`` (the sum is even in ``r``).
+    distance : floating array, any shape
+        Distances ``r`` (the sum is even in ``r``), elementwise.
     d_bar : int, optional
         Width of the sinusoids (even); ``d_bar / 2`` frequencies.
     start : int, optional
@@ -95,7 +95,12 @@ def sandwich_kernel(distance: Any, /, *, d_bar: int = 128, start: int = 0) -> An
 
     Returns
     -------
-    array, shape ``(n,)``
+    array, the shape of `distance`
+
+    Raises
+    ------
+    TypeError
+        If `distance` is not a floating array.
 
     Examples
     --------
@@ -105,10 +110,14 @@ def sandwich_kernel(distance: Any, /, *, d_bar: int = 128, start: int = 0) -> An
     """
     d_bar, start = _check_options(d_bar, start)
     xp = _xp.array_namespace(distance)
+    if not xp.isdtype(distance.dtype, "real floating"):
+        msg = (f"`distance` must be a real floating array (cast integer distances first), "
+               f"got dtype {distance.dtype}")
+        raise TypeError(msg)
     dev = _xp.device(distance)
     c = xp.arange(start, start + d_bar // 2, dtype=distance.dtype, device=dev)
     omega = 10000.0 ** (-2.0 * c / d_bar)
-    return xp.sum(xp.cos(distance[:, None] * omega[None, :]), axis=-1) - d_bar / 2
+    return xp.sum(xp.cos(distance[..., None] * omega), axis=-1) - d_bar / 2
 
 
 def _wide(xp: Any, dtype: Any, device: Any, t_q: int, t_k: int, q_offset: int) -> Any:
