@@ -220,7 +220,7 @@ SMALL = {"absolute": {}, "shaw": {"K": 2}, "bias": {"K": 2}, "music": {"M": 3, "
          "t5": {"buckets": 8, "max_distance": 12}, "alibi": {}, "kerple": {"kernel": "power"},
          "sandwich": {"d_bar": 16},
          "swin": {"height": 2, "width": 3}, "rope": {"rotary_dim": 2},
-         "xpos": {"scale_base": 4.0},
+         "xpos": {"scale_base": 4.0, "rotary_dim": 2},
          "transformer_xl": {"d_model": 4, "clamp_len": 2}, "deberta": {"span": 3}}
 
 
