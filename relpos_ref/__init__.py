@@ -88,6 +88,8 @@ from .schemes import (
     transformer_xl_embedding,
     transformer_xl_logits,
     transformer_xl_rows,
+    xpos_rotate,
+    xpos_zeta,
 )
 
 __version__ = "0.1.0"
@@ -107,6 +109,7 @@ shaw_attention = _dispatched("shaw", _schemes.shaw_attention)
 swin_attention = _dispatched("swin", _schemes.swin_attention)
 t5_attention = _dispatched("t5", _schemes.t5_attention)
 transformer_xl_attention = _dispatched("transformer_xl", _schemes.transformer_xl_attention)
+xpos_attention = _dispatched("xpos", _schemes.xpos_attention)
 
 attention_vjp = _dispatched("plain", _gradients.attention_vjp, vjp=True)
 absolute_attention_vjp = _dispatched("absolute", _schemes.absolute_attention_vjp, vjp=True)
@@ -125,6 +128,7 @@ t5_attention_vjp = _dispatched("t5", _schemes.t5_attention_vjp, vjp=True)
 transformer_xl_attention_vjp = _dispatched(
     "transformer_xl", _schemes.transformer_xl_attention_vjp, vjp=True
 )
+xpos_attention_vjp = _dispatched("xpos", _schemes.xpos_attention_vjp, vjp=True)
 
 #: Submodules reachable as attributes after ``import relpos_ref``, imported on first use.
 _SUBMODULES = (
@@ -242,4 +246,8 @@ __all__ = [
     "transformer_xl_embedding",
     "transformer_xl_logits",
     "transformer_xl_rows",
+    "xpos_attention",
+    "xpos_attention_vjp",
+    "xpos_rotate",
+    "xpos_zeta",
 ]

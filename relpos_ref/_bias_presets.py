@@ -2,7 +2,8 @@
 
 Each entry holds the fields of a `relpos_ref.presets.Preset` (its module
 builds them): FlashAttention's ``alibi_slopes``, BLOOM's and MPT's key-only
-biases, attention-gym's score_mods, and NeMo's KERPLE and Sandwich modules.
+biases, attention-gym's score_mods, NeMo's KERPLE and Sandwich modules, and xPos's
+torchscale and x-transformers centres.
 A key-only bias ``m j`` differs from our causal form ``m r = m (j - i - q_offset)``
 by ``m (i + q_offset)``, one constant per query row, which softmax ignores:
 the weights are the same, masked or not.
@@ -124,5 +125,30 @@ BIAS_PRESETS: tuple[dict[str, Any], ...] = (
                  "head, which softmax ignores); indices q_idx - kv_idx without an offset "
                  "(start-aligned; the cosine is even).",
         "verified_by": "peer test (tests/test_peers_biases.py) against attn-gym",
+    },
+    {
+        "name": "torchscale-xpos",
+        "implementation": "torchscale.component.xpos_relative_position.XPOS(head_dim, "
+                          "scale_base=512)",
+        "scheme": "xpos",
+        "params": {"layout": "interleaved", "center": "middle_up"},
+        "notes": "interleaved pairs (rotate_every_two), zeta over the head width; scales "
+                 "centred at ceil(L / 2) of L = length + offset (min_pos = -(length + offset) "
+                 "// 2), angles at the positions themselves; MultiheadAttention scales the keys "
+                 "down at offset 0 and, when decoding, the query up at offset src_len - 1, so "
+                 "both share the centre. Its angles and scales are float32.",
+        "verified_by": "peer test (tests/test_peers_xpos.py) against torchscale's XPOS",
+    },
+    {
+        "name": "x-transformers-xpos",
+        "implementation": "x_transformers RotaryEmbedding(dim, use_xpos=True, scale_base=512) "
+                          "with apply_rotary_pos_emb",
+        "scheme": "xpos",
+        "params": {"layout": "interleaved", "center": "middle"},
+        "notes": "interleaved pairs (its rotate_half stacks (-x2, x1) pairwise), zeta over the "
+                 "rotary dim (rotary_dim = dim); scales centred at max_pos // 2 = L // 2 of the "
+                 "positions it is given (t - max_pos // 2), keys by scale ** -1; queries take "
+                 "the last t_q rows.",
+        "verified_by": "peer test (tests/test_peers_xpos.py) against x-transformers",
     },
 )

@@ -182,6 +182,14 @@ def rope_form(q, k, v, tables, *, call, mask, options):
     return DistanceForm(q, k, v, call, mask)
 
 
+def xpos_form(q, k, v, tables, *, call, mask, options):
+    # RoPE's rotation with xPos's scales: the content operands, nothing else
+    from ._xpos_adapters import xpos_rotate
+
+    q, k = xpos_rotate(_wide(q), _wide(k), q_offset=call.q_offset, options=options)
+    return DistanceForm(q, k, v, call, mask)
+
+
 def transformer_xl_form(q, k, v, tables, *, call, mask, options):
     w_r = _wide(tables["w_r"])
     u, bias_v = tables.get("content_bias"), tables.get("position_bias")
@@ -225,6 +233,7 @@ LOWERINGS = {
     "sandwich": sandwich_form,
     "swin": swin_form,
     "rope": rope_form,
+    "xpos": xpos_form,
     "transformer_xl": transformer_xl_form,
     "deberta": deberta_form,
 }

@@ -42,6 +42,7 @@ from typing import Any
 
 from . import _adapters as ad
 from . import _bias_adapters as bad
+from . import _xpos_adapters as xad
 from ._adapters import Terms
 from ._catalog_types import Option, Scheme, Size, Table
 from ._lowerings import LOWERINGS
@@ -63,6 +64,7 @@ from .schemes import (
     swin,
     t5,
     transformer_xl,
+    xpos,
 )
 
 __all__ = [
@@ -286,6 +288,26 @@ _ENTRIES = (
                         "(n_axes, ..., L); None: the token index on every axis")),
         rotate=ad.rope_rotate, show=ad.rope_show,
         vjp=rope.rope_attention_vjp,
+    ),
+    Scheme(
+        "xpos", "Sun et al. (2022), xPos",
+        "RoPE with a decay zeta_c^((n - m)/gamma) per pair: q scaled up, k down, about a centre",
+        xpos, xpos.xpos_attention, xad.xpos_check, ad.no_terms, ad.distance,
+        lambda p: (f"X{p['rotary_dim'] or p['d']}-{p['layout']}-g{p['scale_base']:g}"
+                   f"-c{p['center']}"),
+        options=(Option("base", "frequency base", cli=True, parse=ad.parse_real),
+                 Option("rotary_dim", "rotated features (even); default all", cli=True),
+                 Option("layout", "which features pair (the peers: interleaved)",
+                        ("interleaved", "half")),
+                 Option("scale_base", "gamma, the decay's length scale", cli=True,
+                        parse=ad.parse_real),
+                 Option("scale_offset", "gamma_zeta of zeta_c = (2c/R + gamma_zeta) / "
+                        "(1 + gamma_zeta)", cli=True, parse=ad.parse_real),
+                 Option("center", "the centre o of the scales: 'middle' (L // 2, "
+                        "x-transformers), 'middle_up' (ceil(L / 2), torchscale) or an integer",
+                        cli=True, parse=xad.parse_center)),
+        rotate=xad.xpos_rotate, show=xad.xpos_show,
+        vjp=xpos.xpos_attention_vjp,
     ),
     Scheme(
         "transformer_xl", "Dai et al. (2019), Transformer-XL",

@@ -32,6 +32,8 @@ attention-gym-alibi            alibi     ``(kv - q) 2^(-8(h+1)/H)``: causal form
 nemo-kerple                    kerple    ``-b log(1 + a |r|^p)``, p = 1; ``(1, h, 1, 1)``: reshape
 nemo-sandwich                  sandwich  first frequency c = 1 (``start=1``), d_bar = head width
 attention-gym-sandwich         sandwich  no ``- d_bar/2`` (a head constant); start-aligned indices
+torchscale-xpos                xpos      interleaved; scales about ``ceil(L/2)`` (``middle_up``)
+x-transformers-xpos            xpos      interleaved; scales about ``L // 2`` (``middle``)
 =============================  ========  ==========================================================
 
 (``txl`` is ``transformer_xl``.)

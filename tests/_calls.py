@@ -106,6 +106,11 @@ def _lengths(draw, scheme, longest=9):
             options["scaling"] = scaling
         if draw(st.booleans()):
             options["angles"] = draw(st.sampled_from(["float64", "float32"]))
+    elif scheme == "xpos":
+        options["layout"] = draw(st.sampled_from(["half", "interleaved"]))
+        options["rotary_dim"] = draw(st.sampled_from([None, 2]))
+        options["scale_base"] = draw(st.sampled_from([4.0, 512.0]))
+        options["center"] = draw(st.sampled_from(["middle", "middle_up", 0, 3]))
     elif scheme == "transformer_xl":
         sizes["d_model"] = draw(st.sampled_from([2, 6]))
         options["clamp_len"] = draw(st.sampled_from([None, 0, 2]))

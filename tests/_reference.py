@@ -486,6 +486,28 @@ def rope_rotate_thetas(x: np.ndarray, offset: int, thetas: list[float], layout: 
     return out
 
 
+def xpos_rotate(x: np.ndarray, offset: int, layout: str, *, rotary_dim: int, base: float,
+                scale_base: float, center: int, key: bool) -> np.ndarray:
+    """xPos from the paper: pair c as a complex number times e^{i p theta_c}, times
+    zeta_c^{(p - center)/gamma} (a query) or its inverse (a key),
+    zeta_c = (2c/R + 0.4) / 1.4, theta_c = base^(-2c/R)."""
+    x = np.asarray(x, dtype=np.float64)
+    out = x.copy()
+    half = rotary_dim // 2
+    for idx in np.ndindex(x.shape[:-1]):
+        p = offset + idx[-1]
+        for c in range(half):
+            theta = base ** (-2 * c / rotary_dim)
+            zeta = (2 * c / rotary_dim + 0.4) / 1.4
+            power = (p - center) / scale_base
+            s = zeta ** (-power if key else power)
+            a_i, b_i = (2 * c, 2 * c + 1) if layout == "interleaved" else (c, c + half)
+            z = complex(x[(*idx, a_i)], x[(*idx, b_i)]) * s * complex(
+                math.cos(p * theta), math.sin(p * theta))
+            out[(*idx, a_i)], out[(*idx, b_i)] = z.real, z.imag
+    return out
+
+
 def mrope_matrix(section: list[int], interleaved: bool, thetas: list[float]) -> np.ndarray:
     """M-RoPE's F (R/2, n): Qwen2-VL's contiguous sections, or Qwen3-VL's pair c mod n."""
     n = len(section)

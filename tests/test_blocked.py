@@ -44,6 +44,8 @@ def _case(name, rng, t_q, t_k):
         return (), {"d_bar": 16}, lambda q, k, v, **kw: rp.sandwich_attention(q, k, v, **kw)
     if name == "rope":
         return (), {"rotary_dim": 2}, lambda q, k, v, **kw: rp.rope_attention(q, k, v, **kw)
+    if name == "xpos":
+        return (), {"scale_base": 8.0}, lambda q, k, v, **kw: rp.xpos_attention(q, k, v, **kw)
     if name == "transformer_xl":
         return (normal(H, 6, D), normal(D), normal(H, D)), {"clamp_len": 4}, \
             rp.transformer_xl_attention

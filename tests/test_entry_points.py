@@ -29,6 +29,7 @@ OTHER_OPTIONS = {
     "general": {"order": "future_to_past"}, "t5": {"bidirectional": False, "max_distance": 9},
     "alibi": {"symmetric": False}, "kerple": {"kernel": "power"},
     "sandwich": {"d_bar": 16, "start": 1}, "rope": {"layout": "interleaved", "base": 100.0},
+    "xpos": {"layout": "half", "scale_base": 8.0, "center": "middle_up"},
     "transformer_xl": {"clamp_len": 2}, "deberta": {"max_position": 8},
     "absolute": {}, "grid2d": {}, "swin": {},
 }

@@ -176,7 +176,7 @@ def _reference_terms(case, x):
             return float(ref.table_row(x["table"], h, row, scalar=True))
 
         return {"bias_value": swin}
-    if s == "rope":
+    if s in ("rope", "xpos"):
         return {}
     raise AssertionError(s)
 
@@ -246,6 +246,18 @@ def test_goldens_equal_the_loop_reference(case):
             np.testing.assert_allclose(got["k_rotated"], x["k"], rtol=0, atol=atol)
         if scaling and scaling.get("softmax_mscale"):  # DeepSeek: mscale**2 on the scale
             scale *= (0.1 * scaling["mscale_all_dim"] * np.log(scaling["factor"]) + 1) ** 2
+    if case.scheme == "xpos":
+        length = max(p["t_k"], p["q_offset"] + p["t_q"])
+        center = {"middle": length // 2, "middle_up": (length + 1) // 2}.get(p["center"],
+                                                                             p["center"])
+        for name, offset in (("q", p["q_offset"]), ("k", 0)):
+            x[name] = ref.xpos_rotate(x[name], offset, p["layout"],
+                                      rotary_dim=p["rotary_dim"] or p["d"], base=p["base"],
+                                      scale_base=p["scale_base"], center=center,
+                                      key=name == "k")
+        if case.kind == "forward":
+            np.testing.assert_allclose(got["q_rotated"], x["q"], rtol=0, atol=atol)
+            np.testing.assert_allclose(got["k_rotated"], x["k"], rtol=0, atol=atol)
     if case.scheme in ("transformer_xl", "deberta"):
         position = _reference_position(case, x)
         s = p["scale"] if p["scale"] is not None else 1 / np.sqrt(p["d"])

@@ -52,6 +52,10 @@ EXTRA = {
     "swin": {"height": st.integers(1, 3), "width": st.integers(1, 3)},
     "rope": {"rotary_dim": st.sampled_from([None, 2]),
              "layout": st.sampled_from(["half", "interleaved"])},
+    "xpos": {"rotary_dim": st.sampled_from([None, 2]),
+             "layout": st.sampled_from(["half", "interleaved"]),
+             "scale_base": st.sampled_from([4.0, 512.0]),
+             "center": st.sampled_from(["middle", "middle_up", 0])},
     "transformer_xl": {"d_model": st.sampled_from([2, 6]),
                        "clamp_len": st.sampled_from([None, 0, 2]), "biases": st.booleans()},
     "deberta": {"span": st.integers(1, 4), "max_position": st.sampled_from([None, 9]),
@@ -216,6 +220,7 @@ SMALL = {"absolute": {}, "shaw": {"K": 2}, "bias": {"K": 2}, "music": {"M": 3, "
          "t5": {"buckets": 8, "max_distance": 12}, "alibi": {}, "kerple": {"kernel": "power"},
          "sandwich": {"d_bar": 16},
          "swin": {"height": 2, "width": 3}, "rope": {"rotary_dim": 2},
+         "xpos": {"scale_base": 4.0, "rotary_dim": 2},
          "transformer_xl": {"d_model": 4, "clamp_len": 2}, "deberta": {"span": 3}}
 
 

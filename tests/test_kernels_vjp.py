@@ -37,7 +37,7 @@ from relpos_ref.kernels._numpy_vjp import band_view, skew_view, tile_products, t
 VJP_KERNELS = kernels.vjp_kernels("numpy")
 COVERED = ["plain", "absolute", "alibi", "bias", "deberta", "general", "grid2d", "kerple", "music",
            "rope", "sandwich",
-           "shaw", "swin", "t5", "transformer_xl"]
+           "shaw", "swin", "t5", "transformer_xl", "xpos"]
 GRIDS = ("grid2d", "swin")  # self-attention over a row-major grid of h x w tokens
 RTOL = {"float64": 1e-10, "float32": 2e-4}
 
@@ -92,6 +92,9 @@ def _options(draw, scheme, t_q, t_k, q_offset):
         options["clamp_len"] = draw(st.sampled_from([None, 0, 1, 3]))
         options["base"] = draw(st.sampled_from([10000.0, 7.0]))
         q_offset = draw(st.sampled_from([None, q_offset]))  # None: after the memory
+    elif scheme == "xpos":
+        options["scale_base"] = draw(st.sampled_from([4.0, 512.0]))
+        options["center"] = draw(st.sampled_from(["middle", "middle_up", 0]))
     elif scheme == "deberta":
         sizes["span"] = draw(st.integers(1, 5))
         options["max_position"] = (None if sizes["span"] < 2 or draw(st.booleans())

@@ -318,6 +318,7 @@ EXAMPLES = {
     "kerple": {"t_q": 4, "t_k": 4},
     "sandwich": {"t_q": 4, "t_k": 4, "d_bar": 16},
     "rope": {"t_q": 4, "t_k": 4},
+    "xpos": {"t_q": 4, "t_k": 4, "scale_base": 8.0},
     "swin": {"height": 2, "width": 2},
     "transformer_xl": {"t_q": 3, "t_k": 5, "clamp_len": 2},
     "deberta": {"t_q": 4, "t_k": 4, "span": 2},
@@ -428,6 +429,16 @@ def _rope_extra() -> list[Step]:
                  rows=_labels("m=", range(4)), cols=_labels("c=", range(4)))]
 
 
+def _xpos_extra() -> list[Step]:
+    zeta = np.asarray(rp.xpos_zeta(8))
+    steps = np.arange(4) - 2  # positions 0 .. 3 about the centre L // 2 = 2
+    scales = zeta[None, :] ** (steps[:, None] / 8.0)
+    return [Step("`xpos_zeta(8)`: `ζ_c = (2c/8 + 0.4) / 1.4`", zeta),
+            Step("query scales `ζ_c^((n - 2)/8)` at `n = 0 .. 3` (centre `4 // 2 = 2`, "
+                 "`scale_base=8`); a key's are their inverses", scales,
+                 rows=_labels("n=", range(4)), cols=_labels("c=", range(4)))]
+
+
 def _deberta_extra() -> list[Step]:
     r = np.arange(-12, 13, 3)
     b = rp.deberta_bucket(xp.asarray(r), bucket_size=4, max_position=16)
@@ -439,6 +450,7 @@ def _deberta_extra() -> list[Step]:
 
 #: Steps a page shows besides its index tables.
 EXTRAS = {"bias": _bias_extra, "t5": _t5_extra, "alibi": _alibi_extra, "rope": _rope_extra,
+          "xpos": _xpos_extra,
           "deberta": _deberta_extra, "kerple": _kerple_extra, "sandwich": _sandwich_extra}
 
 

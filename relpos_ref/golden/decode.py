@@ -206,6 +206,7 @@ def decode_base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
         ("rope", "decode-yarn", {**small, "d": 16, "rotary_dim": 8, "base": 100.0,
                                  "scaling": {"rope_type": "yarn", "factor": 4.0,
                                              "original_max_position_embeddings": 16}}),
+        ("xpos", "decode", {**small, "scale_base": 16.0, "center": "middle_up"}),
         # a memory of 4 tokens before a segment of 6: the prefill reads it, the steps too
         ("transformer_xl", "decode-memory", {**small, "t_q": 6, "t_k": 10,
                                              "per_head": True}),

@@ -200,6 +200,14 @@ def base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
         ("rope", "tail", {"h": 2, "t_q": 5, "t_k": 8, "d": 16, "rotary_dim": 8,
                           "rotary_at": "tail", "layout": "interleaved", "q_offset": 3,
                           "causal": True, "base": 100.0}),
+        # xpos: torchscale's centre ceil(L / 2) with an offset and a causal mask; the half
+        # pairing, a partial rotation and a mask about x-transformers' L // 2; a short scale
+        # base, so that the decay is far from 1 within the call
+        ("xpos", "torchscale-causal-end", {"h": 2, "t_q": 5, "t_k": 11, "d": 8, "q_offset": 6,
+                                           "causal": True, "scale_base": 16.0,
+                                           "center": "middle_up"}),
+        ("xpos", "half-partial-masked", {"h": 2, "t_q": 7, "t_k": 7, "d": 16, "rotary_dim": 8,
+                                         "layout": "half", "scale_base": 8.0, "masked": True}),
         # transformer_xl: a memory before the segment, causal, through rel_shift
         ("transformer_xl", "memory", {"h": 2, "t_q": 6, "t_k": 16, "d": 8, "q_offset": 10,
                                       "per_head": True}),

@@ -1,6 +1,6 @@
 """NumPy kernels read from the distance form: the schemes whose terms need no table product.
 
-Plain attention, absolute embeddings, RoPE, and the scalar biases of the
+Plain attention, absolute embeddings, RoPE, xPos, and the scalar biases of the
 distance (bias, T5, ALiBi) lower to content operands and biases by distance
 (`relpos_ref.lowering`): ``q'`` and ``k'`` (rotated, or with the key
 embeddings added), and one row of values per distance. One kernel serves
@@ -28,7 +28,8 @@ __all__ = ["FORM_SCHEMES", "form_kernel"]
 
 #: The schemes whose NumPy kernel is `form_kernel`: their forms have content operands,
 #: biases by distance and plain attention's dense terms only.
-FORM_SCHEMES = ("plain", "absolute", "rope", "bias", "t5", "alibi", "kerple", "sandwich")
+FORM_SCHEMES = ("plain", "absolute", "rope", "bias", "t5", "alibi", "kerple", "sandwich",
+                "xpos")
 
 
 def form_kernel(name: str, attend: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,9 +1,11 @@
-"""NumPy VJP kernels of the extrapolation biases (KERPLE, Sandwich), beside `_numpy_vjps`.
+"""NumPy VJP kernels of the extrapolation schemes (KERPLE, Sandwich, xPos), beside `_numpy_vjps`.
 
 Each is a bias by distance: one row per distance of the grid
 (`_numpy_vjps._DistanceBias`, read through a Toeplitz view, its gradient the
 column sums of the skewed tile), and KERPLE's parameters get theirs from
-those sums times the kernel's derivatives by distance. What they cover, and
+those sums times the kernel's derivatives by distance. xPos is RoPE's: plain
+attention's backward pass at the scaled, rotated operands, carried back by the
+transposed rotation at the same scales. What they cover, and
 hand back, is what `relpos_ref.kernels._numpy_vjps` says of every kernel.
 """
 
@@ -12,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..gradients import check_d_output
-from ..schemes import kerple, sandwich
-from ._numpy_vjp import backward
+from ..schemes import kerple, sandwich, xpos
+from ._numpy_vjp import backward, sum_to
 from ._numpy_vjps import (
     _by_distance_row,
     _covered,
@@ -84,3 +86,21 @@ def sandwich_attention_vjp(
     )
     core = backward(q, k, v, d_output, call, mask=mask, term=_DistanceBias(row))
     return _grads(q, k, v, core)
+
+
+@_register("xpos")
+def xpos_attention_vjp(
+    q, k, v, /, *, d_output, scale=None, mask=None, causal=None, q_offset=None, **rotation,
+):
+    if not _ndarrays(q, k, v, d_output, mask) or not set(rotation) <= set(xpos.ROTATION):
+        return NotImplemented  # an unknown keyword: the specification names it
+    call = xpos.xpos_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
+                          **rotation)
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
+    q_rot, k_rot = xpos.xpos_pair(q, k, call, **rotation)
+    if not _covered("plain", q_rot, call, mask, k_rot, v, d_output):
+        return NotImplemented
+    core = backward(q_rot, k_rot, v, d_output, call, mask=mask)
+    dq, dk = xpos.xpos_pair(sum_to(core.dq, q.shape), sum_to(core.dk, k.shape), call,
+                            inverse=True, **rotation)
+    return {"q": dq, "k": dk, "v": sum_to(core.dv, v.shape)}

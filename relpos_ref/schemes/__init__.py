@@ -65,6 +65,7 @@ from .transformer_xl import (
     transformer_xl_logits,
     transformer_xl_rows,
 )
+from .xpos import xpos_attention, xpos_attention_vjp, xpos_rotate, xpos_zeta
 
 __all__ = [
     "absolute_attention",
@@ -136,4 +137,8 @@ __all__ = [
     "transformer_xl_embedding",
     "transformer_xl_logits",
     "transformer_xl_rows",
+    "xpos_attention",
+    "xpos_attention_vjp",
+    "xpos_rotate",
+    "xpos_zeta",
 ]
