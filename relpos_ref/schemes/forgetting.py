@@ -73,8 +73,17 @@ DEFAULTS = Defaults(causal=True, q_offset="end")
 def log_sigmoid(x: Any, /) -> Any:
     r""":math:`\log\sigma(x) = -\operatorname{softplus}(-x) = \min(x, 0) - \log(1 + e^{-|x|})`.
 
-    Stable at both ends: no overflow for large ``-x``, no rounding to 0 of
-    :math:`\log(1 - \epsilon)` lost for large ``x`` beyond what ``log1p`` keeps.
+    Stable at both ends: no overflow of :math:`e^{-x}` for large ``-x``, and
+    :math:`\log(1 + e^{-x})` kept by ``log1p`` for large ``x`` (not rounded to 0).
+
+    Parameters
+    ----------
+    x : floating array
+
+    Returns
+    -------
+    array
+        Of `x`'s shape and dtype.
 
     Examples
     --------
