@@ -58,6 +58,8 @@ from .schemes import (
     deberta_index,
     deberta_logits,
     deberta_rows,
+    forgetting_bias,
+    forgetting_cumsum,
     general_index,
     general_logits,
     general_window,
@@ -65,6 +67,7 @@ from .schemes import (
     grid2d_logits,
     kerple_bias,
     kerple_kernel,
+    log_sigmoid,
     music_index,
     music_logits,
     music_values,
@@ -99,6 +102,7 @@ absolute_attention = _dispatched("absolute", _schemes.absolute_attention)
 alibi_attention = _dispatched("alibi", _schemes.alibi_attention)
 bias_attention = _dispatched("bias", _schemes.bias_attention)
 deberta_attention = _dispatched("deberta", _schemes.deberta_attention)
+forgetting_attention = _dispatched("forgetting", _schemes.forgetting_attention)
 general_attention = _dispatched("general", _schemes.general_attention)
 grid2d_attention = _dispatched("grid2d", _schemes.grid2d_attention)
 kerple_attention = _dispatched("kerple", _schemes.kerple_attention)
@@ -116,6 +120,8 @@ absolute_attention_vjp = _dispatched("absolute", _schemes.absolute_attention_vjp
 alibi_attention_vjp = _dispatched("alibi", _schemes.alibi_attention_vjp, vjp=True)
 bias_attention_vjp = _dispatched("bias", _schemes.bias_attention_vjp, vjp=True)
 deberta_attention_vjp = _dispatched("deberta", _schemes.deberta_attention_vjp, vjp=True)
+forgetting_attention_vjp = _dispatched("forgetting", _schemes.forgetting_attention_vjp,
+                                       vjp=True)
 general_attention_vjp = _dispatched("general", _schemes.general_attention_vjp, vjp=True)
 grid2d_attention_vjp = _dispatched("grid2d", _schemes.grid2d_attention_vjp, vjp=True)
 kerple_attention_vjp = _dispatched("kerple", _schemes.kerple_attention_vjp, vjp=True)
@@ -185,6 +191,10 @@ __all__ = [
     "deberta_rows",
     "default_scale",
     "distance_range",
+    "forgetting_attention",
+    "forgetting_attention_vjp",
+    "forgetting_bias",
+    "forgetting_cumsum",
     "gather",
     "general_attention",
     "general_attention_vjp",
@@ -200,6 +210,7 @@ __all__ = [
     "kerple_attention_vjp",
     "kerple_bias",
     "kerple_kernel",
+    "log_sigmoid",
     "masked_softmax",
     "music_attention",
     "music_attention_vjp",

@@ -1,4 +1,6 @@
-"""The catalog's adapters (`relpos_ref._adapters`) of the extrapolation biases: KERPLE, Sandwich.
+"""The catalog's adapters (`relpos_ref._adapters`) of the extrapolation biases.
+
+KERPLE, Sandwich and the forgetting bias (FoX).
 
 Each has the signatures `relpos_ref._adapters` describes: ``check``,
 ``terms`` and, for ``relpos-ref show``, the lines printed after the
@@ -11,7 +13,7 @@ import numpy as np
 
 from . import _xp
 from ._adapters import Terms
-from .schemes import kerple, sandwich
+from .schemes import forgetting, kerple, sandwich
 from .schemes.alibi import alibi_slopes
 
 #: Heads whose bias ``relpos-ref show`` prints (the defaults of an 8-head model).
@@ -88,3 +90,29 @@ def sandwich_show(*, t_q, t_k, q_offset, options):
     caption = (f"sum_c cos(r w_c) - d_bar/2, c = {start} .. {start + d_bar // 2 - 1}, "
                f"w_c = 10000^(-2c/{d_bar}); bias B_h = sum / (8 (h + 1) / H), H = {SHOWN_HEADS}")
     return _table(caption, r, rows)
+
+
+def forgetting_check(q, k, v, tables, *, scale, mask, causal, q_offset, options):
+    call = forgetting.forgetting_call(q, k, v, tables["f"], scale=scale, mask=mask,
+                                      causal=causal, q_offset=q_offset)
+    return call, dict(options)
+
+
+def forgetting_terms(q, k, tables, *, q_offset, i0, j0, options, method):
+    # a tile reads the cumulative sum of every gate of the call (the gates before it too)
+    return Terms(bias=forgetting.forgetting_tile(tables["f"], q.shape[-2], k.shape[-2],
+                                                 q_offset=q_offset + i0, j0=j0))
+
+
+def forgetting_show(*, t_q, t_k, q_offset, options):
+    """Lines of ``relpos-ref show forgetting``: the bias for constant gates, and the rule."""
+    positions = np.arange(t_q) + q_offset
+    lines = ["b_ij = F_(i + q_offset) - F_j, F_t = sum_(u <= t) log sigmoid(f_u): the log "
+             "forget gates of the tokens j+1 .. i + q_offset (0 where j > i + q_offset)"]
+    for gate in (0.0, 2.0):
+        f = np.full(max(t_k, 1), gate)
+        bias = np.asarray(forgetting.forgetting_tile(f, t_q, t_k, q_offset=q_offset)) \
+            if t_q and t_k and positions[-1] < t_k else np.zeros((t_q, t_k))
+        lines.append(f"bias for every f_t = {gate:g} (rows: queries at {q_offset} ..)")
+        lines += ["  " + " ".join(f"{x + 0.0:8.4f}" for x in row) for row in bias]
+    return lines

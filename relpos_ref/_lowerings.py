@@ -26,7 +26,18 @@ from .lowering import (
     distances,
 )
 from .positions import grid_positions
-from .schemes import alibi, deberta, general, kerple, music, sandwich, shaw, t5, transformer_xl
+from .schemes import (
+    alibi,
+    deberta,
+    forgetting,
+    general,
+    kerple,
+    music,
+    sandwich,
+    shaw,
+    t5,
+    transformer_xl,
+)
 
 
 def _wide(x: Any) -> Any:
@@ -174,6 +185,15 @@ def sandwich_form(q, k, v, tables, *, call, mask, options):
     return DistanceForm(q, k, v, call, mask, biases=(BiasTerm(row, index),))
 
 
+def forgetting_form(q, k, v, tables, *, call, mask, options):
+    # F_(i + q_offset) - F_j is a query scalar plus a key scalar read from data, not a row
+    # of a table at a distance: the form has no such term, so the bias is dense, computed
+    # by the specification (its float64 sums, rounded once); exact, and O(t_q t_k)
+    f = _wide(tables["f"])
+    bias = forgetting.forgetting_bias(f, call.t_q, call.t_k, q_offset=call.q_offset)
+    return DistanceForm(q, k, v, call, mask, dense=(None, bias))
+
+
 def rope_form(q, k, v, tables, *, call, mask, options):
     q, k = _wide(q), _wide(k)
     from ._adapters import rope_rotate
@@ -231,6 +251,7 @@ LOWERINGS = {
     "alibi": alibi_form,
     "kerple": kerple_form,
     "sandwich": sandwich_form,
+    "forgetting": forgetting_form,
     "swin": swin_form,
     "rope": rope_form,
     "xpos": xpos_form,

@@ -53,6 +53,7 @@ from .schemes import (
     alibi,
     bias,
     deberta,
+    forgetting,
     general,
     grid2d,
     kerple,
@@ -250,6 +251,17 @@ _ENTRIES = (
                  Option("start", "index c_0 of the first frequency: 0 (attention-gym) or 1 "
                         "(NeMo)", cli=True)),
         vjp=sandwich.sandwich_attention_vjp, show=bad.sandwich_show,
+    ),
+    Scheme(
+        "forgetting", "Lin et al. (2025), Forgetting Transformer (FoX)",
+        "sum of log sigmoid(f_t) over the tokens t = j+1 .. i, gates f from the input; causal",
+        forgetting, forgetting.forgetting_attention, bad.forgetting_check,
+        bad.forgetting_terms, ad.distance, lambda p: "fox",
+        sizes=(Size("T", "gates", None, "forget gates per head: one per key, t_k",
+                    fit=lambda t_q, t_k: t_k),),
+        tables=(Table("f", lambda s: s["T"], "t_k", None,
+                      "f, the forget-gate logits, one per key position (from the input)"),),
+        vjp=forgetting.forgetting_attention_vjp, show=bad.forgetting_show,
     ),
     Scheme(
         "swin", "Liu et al. (2021), Swin Transformer",

@@ -119,6 +119,9 @@ def _lengths(draw, scheme, longest=9):
         options["max_position"] = draw(st.sampled_from([None, 2 * sizes["span"] + 3]))
     elif scheme == "absolute":
         sizes["rows"] = t_k + draw(st.integers(0, 3))
+    elif scheme == "forgetting":  # a gate per key (or a few more); every query has its own
+        sizes["T"] = t_k + draw(st.sampled_from([0, 0, 2]))
+        q_offset = draw(st.sampled_from([t_k - t_q, min(q_offset, sizes["T"] - t_q)]))
     return t_q, t_k, q_offset, sizes, options
 
 
@@ -151,7 +154,9 @@ def calls(draw, scheme, dtypes=("float32", "float64"), longest=9, heads=None):
                   scale=draw(st.sampled_from([None, 0.7, -0.3])))
     if scheme not in ("grid2d", "swin"):
         kwargs["q_offset"] = q_offset
-    if scheme != "swin":
+    if scheme == "forgetting":  # causal only
+        kwargs["causal"] = draw(st.sampled_from([None, True]))
+    elif scheme != "swin":
         kwargs["causal"] = draw(st.sampled_from([None, True, False]))
     if scheme == "plain":
         if draw(st.booleans()):

@@ -662,3 +662,18 @@ def deberta_position(q, k, key_table, query_table, q_offset, max_position):
                     total += sum(k[(*b, j, c)] * rel[c] for c in range(d))
                 out[(*b, i, j)] = total
     return out
+
+
+def forgetting_value(f, p_i, j):
+    """FoX's bias of the query at position `p_i` and key `j`: ``sum_{t=j+1}^{p_i} log sigma(f_t)``.
+
+    Zero where ``j > p_i`` (never attended). Each term ``-log(1 + exp(-f_t))``
+    in Python floats, summed exactly (``math.fsum``).
+    """
+    if j > p_i:
+        return 0.0
+    terms = []
+    for t in range(j + 1, p_i + 1):
+        x = float(f[t])
+        terms.append(-math.log1p(math.exp(-x)) if x > -30 else x - math.log1p(math.exp(x)))
+    return math.fsum(terms)

@@ -38,6 +38,8 @@ def _case(name, rng, t_q, t_k):
         return (normal(H, 16),), {"max_distance": 9}, rp.t5_attention
     if name == "alibi":
         return (), {"symmetric": False}, lambda q, k, v, **kw: rp.alibi_attention(q, k, v, **kw)
+    if name == "forgetting":  # gates for every position a shifted query can take
+        return (normal(H, t_q + t_k + 4),), {}, rp.forgetting_attention
     if name == "kerple":
         return (), {"kernel": "log"}, lambda q, k, v, **kw: rp.kerple_attention(q, k, v, **kw)
     if name == "sandwich":
@@ -74,6 +76,8 @@ def test_blocked_equals_unblocked(backend, name, t_q, t_k, shift, block, causal,
     if name == "music":
         causal = True
         q_offset = t_k - t_q  # music's default path (the skew) needs end alignment
+    if name == "forgetting":
+        causal = True  # causal only
     mask = rng.random((t_q, t_k)) < 0.7 if masked else None
     arrays = [backend.asarray(a) for a in (q, k, v)]
     tabs = [backend.asarray(t.astype(dtype)) for t in tables]

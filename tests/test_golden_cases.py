@@ -176,6 +176,12 @@ def _reference_terms(case, x):
             return float(ref.table_row(x["table"], h, row, scalar=True))
 
         return {"bias_value": swin}
+    if s == "forgetting":  # FoX: the log gates of the tokens j+1 .. i + q_offset
+        def forgetting(h, i, j):
+            f = x["f"] if x["f"].ndim == 1 else x["f"][h]
+            return ref.forgetting_value(f, i + off, j)
+
+        return {"bias_value": forgetting}
     if s in ("rope", "xpos"):
         return {}
     raise AssertionError(s)

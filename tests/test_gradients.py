@@ -48,6 +48,7 @@ EXTRA = {
            "max_distance": st.sampled_from([12, 20])},
     "alibi": {"symmetric": st.booleans()},
     "kerple": {"kernel": st.sampled_from(["log", "power"])},
+    "forgetting": {},
     "sandwich": {"d_bar": st.sampled_from([2, 16]), "start": st.sampled_from([0, 1])},
     "swin": {"height": st.integers(1, 3), "width": st.integers(1, 3)},
     "rope": {"rotary_dim": st.sampled_from([None, 2]),
@@ -74,6 +75,10 @@ def cases(draw: Any, scheme: str) -> Case:
         t_q, t_k = draw(st.integers(1, 6)), draw(st.integers(1, 7))
         timing = {"causal": draw(st.sampled_from([None, True, False])),
                   "q_offset": draw(st.sampled_from([None, -1, 0, 2]))}
+    if scheme == "forgetting":  # causal only; every query has its own token's gate
+        t_q = min(t_q, t_k)
+        timing = {"causal": draw(st.sampled_from([None, True])),
+                  "q_offset": draw(st.sampled_from([None, 0]))}
     if scheme == "deberta" and not (extra["c2p"] or extra["p2c"]):
         extra["c2p"] = True
     try:
@@ -218,7 +223,7 @@ def test_plain_attention_vjp_equals_jax_autodiff():
 SMALL = {"absolute": {}, "shaw": {"K": 2}, "bias": {"K": 2}, "music": {"M": 3, "values": True},
          "general": {"t_max": 6}, "grid2d": {"height": 2, "width": 3},
          "t5": {"buckets": 8, "max_distance": 12}, "alibi": {}, "kerple": {"kernel": "power"},
-         "sandwich": {"d_bar": 16},
+         "sandwich": {"d_bar": 16}, "forgetting": {},
          "swin": {"height": 2, "width": 3}, "rope": {"rotary_dim": 2},
          "xpos": {"scale_base": 4.0, "rotary_dim": 2},
          "transformer_xl": {"d_model": 4, "clamp_len": 2}, "deberta": {"span": 3}}

@@ -87,6 +87,9 @@ def _options(draw, scheme, t_q, t_k, q_offset):
         options["rotary_dim"] = draw(st.sampled_from([None, 2]))
     elif scheme == "absolute":
         sizes["rows"] = t_k + draw(st.integers(0, 3))
+    elif scheme == "forgetting":  # a gate per key (or more); every query has its own
+        sizes["T"] = t_k + draw(st.sampled_from([0, 2]))
+        q_offset = draw(st.sampled_from([t_k - t_q, min(q_offset, sizes["T"] - t_q)]))
     elif scheme == "transformer_xl":
         sizes["d_model"] = draw(st.sampled_from([2, 4, 6]))
         options["clamp_len"] = draw(st.sampled_from([None, 0, 1, 3]))
@@ -136,7 +139,8 @@ def vjp_calls(draw, scheme):
     d_lead = draw(st.sampled_from([batch, batch[-1:], ()]))
     kwargs = dict(options, mask=mask, d_output=normal(*d_lead, t_q, d_v),
                   scale=draw(st.sampled_from([None, 0.7, -0.3])), q_offset=q_offset,
-                  causal=draw(st.sampled_from([None, True, False])))
+                  causal=draw(st.sampled_from([None, True] if scheme == "forgetting"
+                                              else [None, True, False])))
     kwargs = {name: x for name, x in kwargs.items()
               if name not in ("q_offset", "causal") or _accepts(scheme, name)}
     tables = ()

@@ -206,6 +206,7 @@ FIGURES = {
     "alibi": {"t_q": T, "t_k": T},
     "kerple": {"t_q": T, "t_k": T},
     "sandwich": {"t_q": T, "t_k": T, "d_bar": 16},
+    "forgetting": {"t_q": T, "t_k": T},
     "rope": {"t_q": T, "t_k": T},
     "xpos": {"t_q": T, "t_k": T, "scale_base": 8.0},
     "swin": {"height": 2, "width": 3},

@@ -317,6 +317,7 @@ EXAMPLES = {
     "alibi": {"t_q": 4, "t_k": 4},
     "kerple": {"t_q": 4, "t_k": 4},
     "sandwich": {"t_q": 4, "t_k": 4, "d_bar": 16},
+    "forgetting": {"t_q": 4, "t_k": 4},
     "rope": {"t_q": 4, "t_k": 4},
     "xpos": {"t_q": 4, "t_k": 4, "scale_base": 8.0},
     "swin": {"height": 2, "width": 2},
@@ -421,6 +422,15 @@ def _sandwich_extra() -> list[Step]:
             Step("`sandwich_ratios(4)`: `8 (h + 1) / 4`, the divisor of each head", ratios)]
 
 
+def _forgetting_extra() -> list[Step]:
+    f = np.asarray([0.0, 0.0, np.log(3.0), 2.0])  # gates 1/2, 1/2, 3/4, sigma(2)
+    bias = np.asarray(rp.forgetting_bias(xp.asarray(f), 4))
+    return [Step("`forgetting_bias(f, 4)` for `f = [0, 0, log 3, 2]` (gates 1/2, 1/2, 3/4, "
+                 "0.881): `log` of the product of the gates after the key", bias),
+            Step("its `exp`: the product of the gates `j+1 .. i` (1 above the diagonal: "
+                 "never read)", np.exp(bias))]
+
+
 def _rope_extra() -> list[Step]:
     theta = np.asarray(rp.rope_frequencies(8))
     angles = np.arange(4)[:, None] * theta[None, :]
@@ -451,7 +461,8 @@ def _deberta_extra() -> list[Step]:
 #: Steps a page shows besides its index tables.
 EXTRAS = {"bias": _bias_extra, "t5": _t5_extra, "alibi": _alibi_extra, "rope": _rope_extra,
           "xpos": _xpos_extra,
-          "deberta": _deberta_extra, "kerple": _kerple_extra, "sandwich": _sandwich_extra}
+          "deberta": _deberta_extra, "kerple": _kerple_extra, "sandwich": _sandwich_extra,
+          "forgetting": _forgetting_extra}
 
 
 def preset_rows(scheme: str) -> str:

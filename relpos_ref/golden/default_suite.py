@@ -93,6 +93,9 @@ def base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
                                     "q_offset": 5}),
         ("sandwich", "nemo-d16", {"h": 3, "t_q": 5, "t_k": 7, "d": 8, "d_bar": 16, "start": 1,
                                   "q_offset": 1}),
+        # forgetting (FoX): gates per head, queries end-aligned after a cache; shared gates
+        ("forgetting", "per-head-end", {"h": 3, "t_q": 4, "t_k": 9, "d": 8, "per_head": True}),
+        ("forgetting", "shared-masked", {"h": 2, "t_q": 6, "t_k": 6, "d": 8, "masked": True}),
         # swin: 2D bias table of a window, non-square
         ("swin", "non-square", {"b": 2, "h": 3, "d": 8, "height": 2, "width": 3,
                                 "per_head": True}),

@@ -319,13 +319,17 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
         leaves = {"q": given["q"], "k": given["k"], "v": given["v"], **arguments.tables,
                   **arguments.terms, **{n: a for n, a in options.items()
                                         if _is_array(a) and a.dtype.is_floating_point}}
-        if arguments.terms:  # plain attention's dense terms: autograd through SDPA
+        found = None
+        if not arguments.terms:
+            found = _form_gradients(entry, call, options, leaves, d_output,
+                                    mask=given.get("mask"))
+        if found is None:  # dense terms (plain's, the forgetting bias's): autograd through SDPA
             token = _FIRST_ORDER.set(True)
             try:
                 return _gradients(forward, entry, given, options, leaves, d_output)
             finally:
                 _FIRST_ORDER.reset(token)
-        return _form_gradients(entry, call, options, leaves, d_output, mask=given.get("mask"))
+        return found
 
     kernel.__name__ = kernel.__qualname__ = f"{name}_attention_vjp_torch"
     kernel.__doc__ = (f"`{entry.vjp.__name__}` on torch (see the module docstring).")
@@ -335,13 +339,16 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
 def _form_gradients(entry: Any, call: Call, options: dict[str, Any], leaves: dict[str, Any],
                     d_output: Any, *, mask: Any) -> Any:
     # the block engine's backward pass (`_torch_form_vjp`) by the form's arrays, carried
-    # back through the lowering to `leaves` by autograd
+    # back through the lowering to `leaves` by autograd; None for a form with dense terms
+    # (the block engine's backward has none: autograd through the forward kernel instead)
     with torch.enable_grad():
         leaves = {n: a.detach().requires_grad_(True) for n, a in leaves.items()}
         tables = {t.name: leaves[t.name] for t in entry.tables if t.name in leaves}
         given = {n: leaves.get(n, a) for n, a in options.items()}
         form = lowered(entry, leaves["q"], leaves["k"], leaves["v"], tables, call, given,
                        mask=mask, terms={})
+    if any(t is not None for t in form.dense):
+        return None
     if not fits(form):
         return NotImplemented
     with torch.no_grad():

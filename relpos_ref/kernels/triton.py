@@ -260,7 +260,7 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
             causal=options.pop("causal", None), q_offset=options.pop("q_offset", None),
             options={o.name: options.pop(o.name) for o in entry.options if o.name in options})
         check_d_output(d_output, q, call, v.shape[-1], mask=given.get("mask"))
-        form = lower(name, q, k, v, *_table_args(entry, tables), **_call_options(given))
+        form = lower(name, q, k, v, *_table_args(entry, tables), **_call_options(entry, given))
         named = {"q": q, "k": k, "v": v, **tables,
                  **{n: a for n, a in {**options, **completed}.items() if _is_array(a)}}
         if (0 in (call.t_q, call.t_k, q.shape[-1], v.shape[-1]) or not fits(form)
@@ -272,7 +272,7 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
         with torch.enable_grad():
             form = lower(name, leaves["q"], leaves["k"], leaves["v"],
                          *_table_args(entry, {n: leaves[n] for n in tables}),
-                         **_call_options({**given, **{n: leaves[n] for n in leaves
+                         **_call_options(entry, {**given, **{n: leaves[n] for n in leaves
                                                       if n not in ("q", "k", "v", *tables)}}))
             _, targets, gradients = form_gradients(
                 form, d_output, _KERNEL, interpret=INTERPRETER, precision=PRECISION)
@@ -297,11 +297,12 @@ def _table_args(entry: Any, tables: dict[str, Any]) -> list[Any]:
     return found
 
 
-def _call_options(given: dict[str, Any]) -> dict[str, Any]:
-    # the keywords of `lower` from a call's arguments by name (arrays and tables left out)
+def _call_options(entry: Any, given: dict[str, Any]) -> dict[str, Any]:
+    # the keywords of `lower` from a call's arguments by name (q, k, v and the catalog's
+    # tables left out: they go positionally)
+    tables = {t.name for t in entry.tables}
     return {n: a for n, a in given.items()
-            if n not in ("q", "k", "v", "d_output") and not n.endswith("table")
-            and n not in ("w_r", "content_bias", "position_bias")}
+            if n not in ("q", "k", "v", "d_output") and n not in tables}
 
 
 def _blocked_kernel(name: str) -> Callable[..., Any]:

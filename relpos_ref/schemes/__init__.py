@@ -28,6 +28,13 @@ from .deberta import (
     deberta_logits,
     deberta_rows,
 )
+from .forgetting import (
+    forgetting_attention,
+    forgetting_attention_vjp,
+    forgetting_bias,
+    forgetting_cumsum,
+    log_sigmoid,
+)
 from .general import (
     general_attention,
     general_attention_vjp,
@@ -87,6 +94,10 @@ __all__ = [
     "deberta_index",
     "deberta_logits",
     "deberta_rows",
+    "forgetting_attention",
+    "forgetting_attention_vjp",
+    "forgetting_bias",
+    "forgetting_cumsum",
     "general_attention",
     "general_attention_vjp",
     "general_index",
@@ -100,6 +111,7 @@ __all__ = [
     "kerple_attention_vjp",
     "kerple_bias",
     "kerple_kernel",
+    "log_sigmoid",
     "music_attention",
     "music_attention_vjp",
     "music_index",
