@@ -50,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import array_api_compat
+import numpy as np
 
 from .. import _xp
 from .._validate import as_float, broadcast_shapes, check_bool, check_choice
@@ -84,12 +85,23 @@ def _int_list(name: str, value: Any, *, even: bool) -> tuple[int, ...]:
 def _nested_shape(name: str, value: Any) -> tuple[int, ...]:
     if array_api_compat.is_array_api_obj(value):
         return tuple(value.shape)
+    if isinstance(value, list) and value:  # nested lists of numbers: NumPy reads them at once
+        try:
+            found = np.asarray(value)
+        except ValueError:  # ragged: the walk below names it
+            found = None
+        if found is not None and found.dtype.kind in "iuf" and found.size:
+            return tuple(found.shape)
+    return _walked_shape(name, value)
+
+
+def _walked_shape(name: str, value: Any) -> tuple[int, ...]:
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return ()
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
         msg = f"`{name}` must be an array or nested lists of numbers, got {value!r}"
         raise ValueError(msg)
-    shapes = {_nested_shape(name, v) for v in value}
+    shapes = {_walked_shape(name, v) for v in value}
     if len(shapes) != 1:
         msg = f"`{name}` must be rectangular, got rows of shapes {sorted(shapes)}"
         raise ValueError(msg)
