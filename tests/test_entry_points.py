@@ -23,14 +23,14 @@ from relpos_ref.golden.pipeline import golden_arrays
 
 #: Small sizes and, per scheme, option values that differ from the defaults.
 SIZES = {"K": 2, "P": None, "M": 4, "t_max": 9, "height": 2, "width": 3, "buckets": 8,
-         "d_model": 4, "rows": 9, "span": 3}
+         "d_model": 4, "rows": 9, "span": 3, "hidden": 3}
 OTHER_OPTIONS = {
     "shaw": {"beyond": "zero"}, "bias": {"beyond": "zero"}, "music": {"beyond": "zero"},
     "general": {"order": "future_to_past"}, "t5": {"bidirectional": False, "max_distance": 9},
     "alibi": {"symmetric": False}, "kerple": {"kernel": "power"},
     "sandwich": {"d_bar": 16, "start": 1}, "rope": {"layout": "interleaved", "base": 100.0},
     "transformer_xl": {"clamp_len": 2}, "deberta": {"max_position": 8},
-    "absolute": {}, "grid2d": {}, "swin": {},
+    "absolute": {}, "grid2d": {}, "swin": {}, "swinv2": {},
 }
 GIVEN = ("omitted", "none", "scale", "causal", "q_offset", "options")
 

@@ -176,6 +176,11 @@ def _reference_terms(case, x):
             return float(ref.table_row(x["table"], h, row, scalar=True))
 
         return {"bias_value": swin}
+    if s == "swinv2":
+        def swinv2(h, a, b):
+            return ref.swinv2_value(x["w1"], x["b1"], x["w2"], h, p["height"], p["width"], a, b)
+
+        return {"bias_value": swinv2}
     if s == "rope":
         return {}
     raise AssertionError(s)

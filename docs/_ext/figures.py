@@ -208,6 +208,7 @@ FIGURES = {
     "sandwich": {"t_q": T, "t_k": T, "d_bar": 16},
     "rope": {"t_q": T, "t_k": T},
     "swin": {"height": 2, "width": 3},
+    "swinv2": {"height": 2, "width": 3},
     "transformer_xl": {"t_q": T - 4, "t_k": T, "d_model": 16},
     "deberta": {"t_q": T, "t_k": T, "span": 4, "max_position": 8},
 }
