@@ -32,6 +32,8 @@ attention-gym-alibi            alibi     ``(kv - q) 2^(-8(h+1)/H)``: causal form
 nemo-kerple                    kerple    ``-b log(1 + a |r|^p)``, p = 1; ``(1, h, 1, 1)``: reshape
 nemo-sandwich                  sandwich  first frequency c = 1 (``start=1``), d_bar = head width
 attention-gym-sandwich         sandwich  no ``- d_bar/2`` (a head constant); start-aligned indices
+swinv2                         swinv2    query-minus-key coordinates: negate ``W_1``; mask -100
+hf-swinv2                      swinv2    as swinv2, its mask added twice: -200
 =============================  ========  ==========================================================
 
 (``txl`` is ``transformer_xl``.)
