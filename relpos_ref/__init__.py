@@ -84,6 +84,9 @@ from .schemes import (
     shaw_values,
     swin_bias,
     swin_index,
+    swinv2_bias,
+    swinv2_coordinates,
+    swinv2_table,
     t5_bias,
     t5_bucket,
     t5_bucket_boundaries,
@@ -111,6 +114,7 @@ rope_attention = _dispatched("rope", _schemes.rope_attention)
 sandwich_attention = _dispatched("sandwich", _schemes.sandwich_attention)
 shaw_attention = _dispatched("shaw", _schemes.shaw_attention)
 swin_attention = _dispatched("swin", _schemes.swin_attention)
+swinv2_attention = _dispatched("swinv2", _schemes.swinv2_attention)
 t5_attention = _dispatched("t5", _schemes.t5_attention)
 transformer_xl_attention = _dispatched("transformer_xl", _schemes.transformer_xl_attention)
 xpos_attention = _dispatched("xpos", _schemes.xpos_attention)
@@ -130,6 +134,7 @@ rope_attention_vjp = _dispatched("rope", _schemes.rope_attention_vjp, vjp=True)
 sandwich_attention_vjp = _dispatched("sandwich", _schemes.sandwich_attention_vjp, vjp=True)
 shaw_attention_vjp = _dispatched("shaw", _schemes.shaw_attention_vjp, vjp=True)
 swin_attention_vjp = _dispatched("swin", _schemes.swin_attention_vjp, vjp=True)
+swinv2_attention_vjp = _dispatched("swinv2", _schemes.swinv2_attention_vjp, vjp=True)
 t5_attention_vjp = _dispatched("t5", _schemes.t5_attention_vjp, vjp=True)
 transformer_xl_attention_vjp = _dispatched(
     "transformer_xl", _schemes.transformer_xl_attention_vjp, vjp=True
@@ -243,6 +248,11 @@ __all__ = [
     "swin_attention_vjp",
     "swin_bias",
     "swin_index",
+    "swinv2_attention",
+    "swinv2_attention_vjp",
+    "swinv2_bias",
+    "swinv2_coordinates",
+    "swinv2_table",
     "t5_attention",
     "t5_attention_vjp",
     "t5_bias",

@@ -1,6 +1,6 @@
 """The catalog's adapters (`relpos_ref._adapters`) of the extrapolation biases.
 
-KERPLE, Sandwich and the forgetting bias (FoX).
+KERPLE, Sandwich, the forgetting bias (FoX) and Swin v2's continuous position bias.
 
 Each has the signatures `relpos_ref._adapters` describes: ``check``,
 ``terms`` and, for ``relpos-ref show``, the lines printed after the
@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _xp
 from ._adapters import Terms
-from .schemes import forgetting, kerple, sandwich
+from .schemes import forgetting, kerple, sandwich, swinv2
 from .schemes.alibi import alibi_slopes
 
 #: Heads whose bias ``relpos-ref show`` prints (the defaults of an 8-head model).
@@ -116,3 +116,36 @@ def forgetting_show(*, t_q, t_k, q_offset, options):
         lines.append(f"bias for every f_t = {gate:g} (rows: queries at {q_offset} ..)")
         lines += ["  " + " ".join(f"{x + 0.0:8.4f}" for x in row) for row in bias]
     return lines
+
+
+# -- Swin v2's continuous position bias -------------------------------------------------
+
+
+def swinv2_check(q, k, v, tables, *, scale, mask, causal, q_offset, options):
+    if causal or q_offset not in (None, 0):
+        msg = (f"swinv2 attends within one window: `causal` must be False and `q_offset` 0, "
+               f"got causal={causal!r}, q_offset={q_offset!r}")
+        raise ValueError(msg)
+    call = swinv2.swinv2_call(q, k, v, tables["w1"], tables["b1"], tables["w2"], scale=scale,
+                              mask=mask, **options)
+    return call, dict(options)
+
+
+def swinv2_terms(q, k, tables, *, q_offset, i0, j0, options, method):
+    term = swinv2.swinv2_bias(tables["w1"], tables["b1"], tables["w2"],
+                              options["window_height"], options["window_width"],
+                              pretrained_window=options["pretrained_window"])
+    return Terms(bias=term[..., i0 : i0 + q.shape[-2], j0 : j0 + k.shape[-2]])
+
+
+def swinv2_show(*, t_q, t_k, q_offset, options):
+    """Lines of ``relpos-ref show swinv2``: the log-spaced coordinate of each offset."""
+    wh, ww = options.get("window_height") or 2, options.get("window_width") or 2
+    pre = options.get("pretrained_window")
+    c = np.asarray(swinv2.swinv2_coordinates(wh, ww, pretrained_window=pre, xp=np))
+    rows = [f"log-spaced coordinates, window {wh} x {ww}"
+            + ("" if pre is None else f", pretrained at {pre[0]} x {pre[1]}") + ":"]
+    rows.append("  dy: " + " ".join(f"{x:+.4f}" for x in c[:: 2 * ww - 1, 0]))
+    rows.append("  dx: " + " ".join(f"{x:+.4f}" for x in c[: 2 * ww - 1, 1]))
+    rows.append("bias = 16 sigmoid(Linear(m, h)(relu(Linear(2, m)([c(dy), c(dx)])))), in (0, 16)")
+    return rows

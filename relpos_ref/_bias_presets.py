@@ -2,8 +2,9 @@
 
 Each entry holds the fields of a `relpos_ref.presets.Preset` (its module
 builds them): FlashAttention's ``alibi_slopes``, BLOOM's and MPT's key-only
-biases, attention-gym's score_mods, NeMo's KERPLE and Sandwich modules, and xPos's
-torchscale and x-transformers centres.
+biases, attention-gym's score_mods, NeMo's KERPLE and Sandwich modules, xPos's
+torchscale and x-transformers centres, and Swin v2's continuous position bias
+(Microsoft's and transformers' masks).
 A key-only bias ``m j`` differs from our causal form ``m r = m (j - i - q_offset)``
 by ``m (i + q_offset)``, one constant per query row, which softmax ignores:
 the weights are the same, masked or not.
@@ -15,7 +16,7 @@ from typing import Any
 
 from . import _xp
 
-__all__ = ["BIAS_PRESETS", "per_head_vector"]
+__all__ = ["BIAS_PRESETS", "negate_first_layer", "per_head_vector"]
 
 
 def per_head_vector(table: Any, **_: Any) -> Any:
@@ -30,6 +31,28 @@ def per_head_vector(table: Any, **_: Any) -> Any:
     xp = _xp.array_namespace(table)
     return xp.reshape(table, (-1,))
 
+
+def negate_first_layer(w1: Any, **_: Any) -> Any:
+    """Swin v2's ``Linear(2, m)`` weight on query-minus-key offsets -> ours (key minus query).
+
+    The log-spaced coordinate is odd, ``c(-Δ) = -c(Δ)``, so reading the offsets the other
+    way round negates the MLP's input: ``-W_1`` on ours gives their bias.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> negate_first_layer(np.asarray([[1.0, -2.0]]))
+    array([[-1.,  2.]])
+    """
+    return -w1
+
+
+_SWINV2_NOTES = (
+    "relative_coords = coords_q - coords_k (query minus key) feed the MLP: to_canonical(w1) "
+    "negates continuous_position_bias_mlp[0].weight (m, 2) (the log-spaced coordinates are "
+    "odd); its bias b1 (m,) and [2].weight (h, m) are w2 unchanged; logit_scale (h, 1, 1) "
+    "reshaped to (h,) is logit_scale; pretrained_window_size [0, 0] is None, else the pair. "
+)
 
 #: The fields of each preset (`relpos_ref.presets.Preset`), in the docs table's order.
 BIAS_PRESETS: tuple[dict[str, Any], ...] = (
@@ -150,5 +173,33 @@ BIAS_PRESETS: tuple[dict[str, Any], ...] = (
                  "positions it is given (t - max_pos // 2), keys by scale ** -1; queries take "
                  "the last t_q rows.",
         "verified_by": "peer test (tests/test_peers_xpos.py) against x-transformers",
+    },
+    {
+        "name": "swinv2",
+        "implementation": "microsoft/Swin-Transformer models/swin_transformer_v2.py "
+                          "WindowAttention",
+        "scheme": "swinv2",
+        "params": {"mask_penalty": -100.0},
+        "notes": _SWINV2_NOTES + "The shifted-window mask is added once: masked pairs get "
+                 "-100, not -inf (at tau = log 100 a masked key can still win); a window side of 1 "
+                 "divides 0 by 0 (NaN bias) unless pretrained_window_size is given.",
+        "verified_by": "peer test (tests/test_peers_swinv2.py) against transformers' "
+                       "Swinv2SelfAttention given a -100 mask once (Microsoft's code adds "
+                       "its mask once; transformers twice)",
+        "convert": negate_first_layer,
+    },
+    {
+        "name": "hf-swinv2",
+        "implementation": "transformers Swinv2SelfAttention (modeling_swinv2)",
+        "scheme": "swinv2",
+        "params": {"mask_penalty": -200.0},
+        "notes": _SWINV2_NOTES + "forward adds attention_mask (0 / -100) twice: masked pairs "
+                 "get -200. Coordinates are normalized only when window_size[0] > 1: a window "
+                 "(Wh > 1, 1) divides 0 by 0 (NaN bias), a window (1, Ww > 1) is unnormalized "
+                 "(pass pretrained_window=(2, 2) to reproduce it); transformers builds the "
+                 "coordinates in float32.",
+        "verified_by": "peer test (tests/test_peers_swinv2.py) against transformers' "
+                       "Swinv2SelfAttention: coordinates, table, bias and attention",
+        "convert": negate_first_layer,
     },
 )

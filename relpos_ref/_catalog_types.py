@@ -56,8 +56,9 @@ class Table:
         ``"d"`` for the feature width).
     rows_text : str
         The same as a formula, for the docs (``"2K + 1"``).
-    width : {"d", "d_v"} or None
-        Feature width of a row; ``None`` for one scalar per row.
+    width : {"d", "d_v"}, int or None
+        Feature width of a row (an int: fixed, Swin v2's coordinates); ``None``
+        for one scalar per row.
     meaning : str
     switch : str, optional
         For an optional table: the golden case parameter that includes it.
@@ -68,7 +69,7 @@ class Table:
     name: str
     rows: Callable[[Mapping[str, Any]], int]
     rows_text: str
-    width: str | None
+    width: str | int | None
     meaning: str
     switch: str | None = None
     switch_default: bool = True
@@ -83,7 +84,8 @@ class Table:
     ) -> tuple[int, ...]:
         """``(rows,)`` or ``(rows, width)``, with ``heads`` first when given."""
         head = () if heads is None else (heads,)
-        width = {"d": (d,), "d_v": (d_v,), None: ()}[self.width]
+        width = (self.width,) if isinstance(self.width, int) else {
+            "d": (d,), "d_v": (d_v,), None: ()}[self.width]
         return (*head, self.rows({"d": d, **sizes}), *width)
 
 

@@ -35,6 +35,7 @@ from .schemes import (
     music,
     sandwich,
     shaw,
+    swinv2,
     t5,
     transformer_xl,
 )
@@ -145,6 +146,24 @@ def swin_form(q, k, v, tables, *, call, mask, options):
     return DistanceForm(q, k, v, call, mask, biases=(BiasTerm(tables["table"], index),))
 
 
+def swinv2_form(q, k, v, tables, *, call, mask, options):
+    # the MLP's table read as Swin v1's; cosine attention: q_hat tau and k_hat at scale 1;
+    # an additive mask penalty: plain attention's dense bias, no boolean mask
+    table = swinv2.swinv2_table(_wide(tables["w1"]), _wide(tables["b1"]), _wide(tables["w2"]),
+                                options["window_height"], options["window_width"],
+                                pretrained_window=options["pretrained_window"])
+    scale = options["logit_scale"]
+    q2, k2, *_ = swinv2._operands(_wide(q), _wide(k), None if scale is None else _wide(scale))
+    form = swin_form(q2, k2, v, {"table": table}, call=call, mask=mask, options=options)
+    penalty = options["mask_penalty"]
+    if mask is None or penalty is None:
+        return form
+    xp = call.xp
+    zero = xp.zeros((), dtype=q2.dtype, device=_xp.device(q))
+    dense = xp.where(mask, zero, xp.asarray(float(penalty), dtype=q2.dtype, device=_xp.device(q)))
+    return form._replace(mask=None, dense=(None, dense))
+
+
 def t5_form(q, k, v, tables, *, call, mask, options):
     table = tables["table"]
     rows = t5.t5_bucket(distances(call, device=_xp.device(q)), num_buckets=table.shape[-1],
@@ -253,6 +272,7 @@ LOWERINGS = {
     "sandwich": sandwich_form,
     "forgetting": forgetting_form,
     "swin": swin_form,
+    "swinv2": swinv2_form,
     "rope": rope_form,
     "xpos": xpos_form,
     "transformer_xl": transformer_xl_form,

@@ -197,6 +197,11 @@ def check_blocked_call(
     """
     check_choice("scheme", scheme, BLOCKED_SCHEMES)
     entry = get(scheme)
+    for name in ("logit_scale", "mask_penalty") if scheme == "swinv2" else ():
+        if params.get(name) is not None:  # a tile reads neither; one window fits in memory
+            msg = (f"blocked swinv2 takes neither cosine attention nor an additive mask: "
+                   f"`{name}` must be None, got {params[name]!r} (use swinv2_attention)")
+            raise ValueError(msg)
     block = positive_int("block_size", block_size)
     named = tables_by_name(entry, tables)
     call, options = entry.check_call(

@@ -34,6 +34,8 @@ nemo-sandwich                  sandwich  first frequency c = 1 (``start=1``), d_
 attention-gym-sandwich         sandwich  no ``- d_bar/2`` (a head constant); start-aligned indices
 torchscale-xpos                xpos      interleaved; scales about ``ceil(L/2)`` (``middle_up``)
 x-transformers-xpos            xpos      interleaved; scales about ``L // 2`` (``middle``)
+swinv2                         swinv2    query-minus-key coordinates: negate ``W_1``; mask -100
+hf-swinv2                      swinv2    as swinv2, its mask added twice: -200
 =============================  ========  ==========================================================
 
 (``txl`` is ``transformer_xl``.)

@@ -76,10 +76,14 @@ def _lengths(draw, scheme, longest=9):
         reach = max(abs(t_q - 1 + q_offset), abs(t_k - 1 - q_offset))
         sizes["t_max"] = max(t_q, t_k, reach + 1) + draw(st.integers(0, 3))
         options["order"] = draw(st.sampled_from(["past_to_future", "future_to_past"]))
-    elif scheme in ("grid2d", "swin"):
+    elif scheme in ("grid2d", "swin", "swinv2"):
         side = 4 if longest < 16 else 6
         h, w = draw(st.integers(1, side)), draw(st.integers(1, side))
         sizes.update(height=h, width=w)
+        if scheme == "swinv2":
+            sizes["hidden"] = draw(st.sampled_from([1, 5]))
+            options["pretrained_window"] = draw(st.sampled_from([None, (3, 2)]))
+            options["mask_penalty"] = draw(st.sampled_from([None, -7.0]))
         t_q = t_k = h * w
         q_offset = 0
         if scheme == "grid2d":
@@ -152,11 +156,15 @@ def calls(draw, scheme, dtypes=("float32", "float64"), longest=9, heads=None):
     tables = {name: normal(*shape) for name, shape in shapes.items()}
     kwargs = dict(options, mask=draw_mask(draw, rng, t_q, t_k), return_weights=True,
                   scale=draw(st.sampled_from([None, 0.7, -0.3])))
-    if scheme not in ("grid2d", "swin"):
+    if scheme not in ("grid2d", "swin", "swinv2"):
         kwargs["q_offset"] = q_offset
+    if scheme == "swinv2" and draw(st.booleans()):  # cosine attention, tau per head or one
+        kwargs["scale"] = None
+        shape = draw(st.sampled_from([(), (heads,)]))
+        kwargs["logit_scale"] = np.asarray(rng.random(shape) * 6, dtype=dtype)
     if scheme == "forgetting":  # causal only
         kwargs["causal"] = draw(st.sampled_from([None, True]))
-    elif scheme != "swin":
+    elif scheme not in ("swin", "swinv2"):
         kwargs["causal"] = draw(st.sampled_from([None, True, False]))
     if scheme == "plain":
         if draw(st.booleans()):

@@ -346,6 +346,39 @@ def swin_row(wh: int, ww: int, n: int, m: int) -> int:
     return (dy + wh - 1) * (2 * ww - 1) + (dx + ww - 1)
 
 
+def swinv2_coordinate(delta: int, w: int, pretrained: int | None = None) -> float:
+    """Liu et al. 2022, eq. 4: sign(u) log2(1 + |u|) / log2(8), u = 8 delta / (W - 1).
+
+    W is the pretrained window side when given; an axis of one token divides by 1.
+    """
+    side = w if pretrained is None else pretrained
+    u = 8.0 * delta / (side - 1 if side > 1 else 1)
+    if u == 0:
+        return 0.0
+    return math.copysign(math.log2(1.0 + abs(u)) / math.log2(8.0), u)
+
+
+def swinv2_value(w1, b1, w2, head: int, wh: int, ww: int, n: int, m: int,
+                 pretrained=None) -> float:
+    """Swin v2's bias for query token n, key token m: 16 sigmoid(w2 . relu(W1 c + b1)).
+
+    c = (c(dy), c(dx)) with dy, dx key minus query; w1 (m, 2) / b1 (m,) / w2 (m,) shared,
+    or with a head axis first.
+    """
+    def per_head(x, ndim):
+        return np.asarray(x[head] if x.ndim > ndim else x, dtype=np.float64)
+
+    a, b, c = per_head(w1, 2), per_head(b1, 1), per_head(w2, 1)
+    ph, pw = (None, None) if pretrained is None else pretrained
+    coords = (swinv2_coordinate(m // ww - n // ww, wh, ph),
+              swinv2_coordinate(m % ww - n % ww, ww, pw))
+    z = 0.0
+    for unit in range(a.shape[0]):
+        pre = a[unit, 0] * coords[0] + a[unit, 1] * coords[1] + b[unit]
+        z += c[unit] * max(pre, 0.0)
+    return 16.0 / (1.0 + math.exp(-z))
+
+
 def rope_rotate(x: np.ndarray, offset: int, base: float, rotary_dim: int, layout: str):
     """Rotate pairs as complex numbers z_c e^{i p theta_c}, p = offset + row."""
     x = np.asarray(x, dtype=np.float64)

@@ -56,7 +56,7 @@ def _case(name, rng, t_q, t_k):
     raise AssertionError(name)
 
 
-ONE_DIMENSIONAL = [s for s in BLOCKED_SCHEMES if s not in ("grid2d", "swin")]
+ONE_DIMENSIONAL = [s for s in BLOCKED_SCHEMES if s not in ("grid2d", "swin", "swinv2")]
 
 
 @pytest.mark.parametrize("name", ONE_DIMENSIONAL)
@@ -105,6 +105,22 @@ def test_blocked_grid_and_window_schemes(backend, block):
     got = blocked_attention(q, k, v, table, scheme="swin", window_height=3, window_width=4,
                             block_size=block)
     np.testing.assert_allclose(backend.to_numpy(got), backend.to_numpy(want), rtol=1e-12)
+    w1, b1, w2 = (backend.asarray(rng.standard_normal(s)) for s in ((H, 5, 2), (H, 5), (5,)))
+    mask = backend.asarray(rng.random((12, 12)) > 0.3)
+    want = rp.swinv2_attention(q, k, v, w1, b1, w2, window_height=3, window_width=4, mask=mask)
+    got = blocked_attention(q, k, v, w1, b1, w2, scheme="swinv2", window_height=3,
+                            window_width=4, mask=mask, block_size=block)
+    np.testing.assert_allclose(backend.to_numpy(got), backend.to_numpy(want), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["logit_scale", "mask_penalty"])
+def test_blocked_swinv2_refuses_cosine_attention_and_an_additive_mask(name):
+    # a tile would read neither: the call is refused rather than evaluated without it
+    x = np.zeros((4, 2))
+    value = np.asarray(1.0) if name == "logit_scale" else -100.0
+    with pytest.raises(ValueError, match=f"`{name}` must be None, got"):
+        blocked_attention(x, x, x, np.zeros((3, 2)), np.zeros(3), np.zeros(3), scheme="swinv2",
+                          window_height=2, window_width=2, block_size=2, **{name: value})
 
 
 def test_blocked_defaults_follow_each_scheme(xp):

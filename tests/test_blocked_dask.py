@@ -21,7 +21,8 @@ from relpos_ref.blocked import BLOCKED_SCHEMES, blocked_attention
 _MISSING = backends.get("dask").unavailable_reason()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
 
-GRID = {"grid2d": {"height": 3, "width": 4}, "swin": {"window_height": 3, "window_width": 4}}
+GRID = {"grid2d": {"height": 3, "width": 4}, "swin": {"window_height": 3, "window_width": 4},
+        "swinv2": {"window_height": 3, "window_width": 4}}
 MASKS = ("none", "pairs", "heads", "keys", "queries", "scalar", "vector")
 
 
@@ -50,6 +51,9 @@ def _mask(rng: np.random.Generator, kind: str, t_q: int, t_k: int) -> np.ndarray
 def _grid_case(name: str, rng: np.random.Generator):
     if name == "grid2d":
         return (rng.standard_normal((H, 5, D)), rng.standard_normal((H, 7, D))), GRID[name]
+    if name == "swinv2":  # the MLP: w1, b1 per head, w2 shared
+        return (rng.standard_normal((H, 3, 2)), rng.standard_normal((H, 3)),
+                rng.standard_normal(3)), GRID[name]
     return (rng.standard_normal((H, 5 * 7)),), GRID[name]
 
 

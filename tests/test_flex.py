@@ -166,10 +166,11 @@ def _typical_call(scheme, heads=3, dtype="float32"):
     mask = rng.random((6, 6)) < 0.8
     mask[1] = False
     kwargs = {"mask": mask, "scale": 0.5}  # one scale: the compiled kernels take it as given
-    if scheme != "swin":
+    if scheme not in ("swin", "swinv2"):
         kwargs["causal"] = True
     kwargs.update({"grid2d": {"height": 2, "width": 3},
                    "swin": {"window_height": 2, "window_width": 3},
+                   "swinv2": {"window_height": 2, "window_width": 3},
                    "t5": {"max_distance": 10}}.get(scheme, {}))
     return _to_torch((q, k, v, *entry.table_args(tables)), kwargs)
 

@@ -182,6 +182,11 @@ def _reference_terms(case, x):
             return ref.forgetting_value(f, i + off, j)
 
         return {"bias_value": forgetting}
+    if s == "swinv2":
+        def swinv2(h, a, b):
+            return ref.swinv2_value(x["w1"], x["b1"], x["w2"], h, p["height"], p["width"], a, b)
+
+        return {"bias_value": swinv2}
     if s in ("rope", "xpos"):
         return {}
     raise AssertionError(s)

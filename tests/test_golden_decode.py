@@ -27,7 +27,7 @@ FLOAT64 = [c for c in DECODE if c.dtype == "float64"]
 
 def test_every_scheme_that_decodes_has_a_decode_case():
     grids = {n for n in catalog.names() if catalog.get(n).grid is not None}
-    assert grids == {"grid2d", "swin"}
+    assert grids == {"grid2d", "swin", "swinv2"}
     assert {c.scheme for c in FLOAT64} == set(catalog.names()) - grids
     assert len(DECODE) == 4 * len(FLOAT64) == 56
     xl = next(c for c in FLOAT64 if c.scheme == "transformer_xl").parameters

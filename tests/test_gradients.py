@@ -31,7 +31,7 @@ from relpos_ref import catalog
 from relpos_ref.golden.cases import Case
 
 SCHEMES = catalog.names()
-GRID = {"grid2d", "swin"}
+GRID = {"grid2d", "swin", "swinv2"}
 
 #: Per scheme, the parameters drawn beyond the common ones (valid ranges only).
 EXTRA = {
@@ -51,6 +51,8 @@ EXTRA = {
     "forgetting": {},
     "sandwich": {"d_bar": st.sampled_from([2, 16]), "start": st.sampled_from([0, 1])},
     "swin": {"height": st.integers(1, 3), "width": st.integers(1, 3)},
+    "swinv2": {"height": st.integers(1, 3), "width": st.integers(1, 3),
+               "hidden": st.sampled_from([1, 3])},
     "rope": {"rotary_dim": st.sampled_from([None, 2]),
              "layout": st.sampled_from(["half", "interleaved"])},
     "xpos": {"rotary_dim": st.sampled_from([None, 2]),
@@ -69,7 +71,7 @@ def cases(draw: Any, scheme: str) -> Case:
     extra = {name: draw(s) for name, s in EXTRA[scheme].items()}
     if scheme in GRID:
         t_q = t_k = extra["height"] * extra["width"]
-        timing = {"causal": draw(st.sampled_from([None, False]))} if scheme == "swin" else {
+        timing = {"causal": draw(st.sampled_from([None, False]))} if scheme != "grid2d" else {
             "causal": draw(st.sampled_from([None, True, False]))}
     else:
         t_q, t_k = draw(st.integers(1, 6)), draw(st.integers(1, 7))
@@ -110,6 +112,12 @@ def _call(case: Case) -> tuple[list[str], list[np.ndarray], dict[str, Any], np.n
     if entry.name == "kerple":  # KERPLE's learned r1, r2 (> 0) too
         names += ["r1", "r2"]
         values += [np.asarray(rp.alibi_slopes(p["h"])) * 4, np.linspace(0.5, 1.5, p["h"])]
+    if entry.name == "swinv2" and case.seed % 2 == 0:  # cosine attention: tau per head
+        names.append("logit_scale")
+        values.append(np.linspace(1.0, 5.5, p["h"]))  # 5.5: above the clamp, log 100
+        kwargs["scale"] = None
+    if entry.name == "swinv2" and case.seed % 3 == 0:  # Swin v2's additive mask
+        kwargs["mask_penalty"] = -7.0
     return names, values, kwargs, arrays.get("mask")
 
 
@@ -119,7 +127,7 @@ def _split(case: Case, names: list[str], values: list[Any]) -> tuple[list[Any], 
     tables = [by_name.get(t.name) for t in case.entry.tables]
     while tables and tables[-1] is None:
         tables.pop()
-    keywords = {n: by_name[n] for n in ("slopes", "r1", "r2") if n in by_name}
+    keywords = {n: by_name[n] for n in ("slopes", "r1", "r2", "logit_scale") if n in by_name}
     return [by_name["q"], by_name["k"], by_name["v"], *tables], keywords
 
 
@@ -224,7 +232,8 @@ SMALL = {"absolute": {}, "shaw": {"K": 2}, "bias": {"K": 2}, "music": {"M": 3, "
          "general": {"t_max": 6}, "grid2d": {"height": 2, "width": 3},
          "t5": {"buckets": 8, "max_distance": 12}, "alibi": {}, "kerple": {"kernel": "power"},
          "sandwich": {"d_bar": 16}, "forgetting": {},
-         "swin": {"height": 2, "width": 3}, "rope": {"rotary_dim": 2},
+         "swin": {"height": 2, "width": 3}, "swinv2": {"height": 2, "width": 3, "hidden": 3},
+         "rope": {"rotary_dim": 2},
          "xpos": {"scale_base": 4.0, "rotary_dim": 2},
          "transformer_xl": {"d_model": 4, "clamp_len": 2}, "deberta": {"span": 3}}
 

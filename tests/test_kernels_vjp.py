@@ -38,7 +38,7 @@ VJP_KERNELS = kernels.vjp_kernels("numpy")
 COVERED = ["plain", "absolute", "alibi", "bias", "deberta", "general", "grid2d", "kerple", "music",
            "rope", "sandwich",
            "shaw", "swin", "t5", "transformer_xl", "xpos"]
-GRIDS = ("grid2d", "swin")  # self-attention over a row-major grid of h x w tokens
+GRIDS = ("grid2d", "swin", "swinv2")  # self-attention over a row-major grid of h x w tokens
 RTOL = {"float64": 1e-10, "float32": 2e-4}
 
 
@@ -109,8 +109,12 @@ def _grid(draw, scheme, sizes, options):
     """A grid scheme's h x w (its t_q = t_k) into `sizes` and `options`; returns h w."""
     height, width = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     sizes.update(height=height, width=width)
-    prefix = "window_" if scheme == "swin" else ""
+    prefix = "window_" if scheme in ("swin", "swinv2") else ""
     options.update({f"{prefix}height": height, f"{prefix}width": width})
+    if scheme == "swinv2":
+        sizes["hidden"] = draw(st.sampled_from([1, 5]))
+        options["pretrained_window"] = draw(st.sampled_from([None, (3, 2)]))
+        options["mask_penalty"] = draw(st.sampled_from([None, -7.0]))
     return height * width
 
 
@@ -158,6 +162,10 @@ def vjp_calls(draw, scheme):
         if scheme == "transformer_xl" and shapes.keys() > {"w_r"}:  # u or v alone, or both
             shapes.pop(draw(st.sampled_from(["content_bias", "position_bias", None])), None)
         tables = entry.table_args({name: normal(*shape) for name, shape in shapes.items()})
+    if scheme == "swinv2" and draw(st.booleans()):  # cosine attention, tau per head or one
+        kwargs["scale"] = None
+        kwargs["logit_scale"] = np.asarray(rng.random(draw(st.sampled_from([(), (heads,)]))) * 6,
+                                           dtype=dtype)
     if scheme == "alibi" and draw(st.booleans()):
         kwargs["slopes"] = (rng.random(heads) + 0.1).astype(dtype)
     return (q, k, v, *tables), kwargs

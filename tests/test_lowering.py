@@ -117,9 +117,10 @@ def _typical_call(scheme, backend):
     """A call of every scheme with per-head tables, a mask and an offset, on `backend`."""
     entry = catalog.get(scheme)
     rng = np.random.default_rng(1)
-    grid = scheme in ("grid2d", "swin")
+    grid = scheme in ("grid2d", "swin", "swinv2")
     t_q, t_k = (6, 6) if grid else (5, 7)
-    sizes = {"K": 2, "M": 6, "t_max": 9, "height": 2, "width": 3, "buckets": 8, "d_model": 4,
+    sizes = {"hidden": 5, "K": 2, "M": 6, "t_max": 9, "height": 2, "width": 3, "buckets": 8,
+             "d_model": 4,
              "span": 3, "rows": 8}
     include = {t.switch: True for t in entry.tables if t.switch}  # every optional table
     shapes = entry.table_shapes(entry.sizes_from({"t_q": t_q, "t_k": t_k, **sizes}), d=4,
@@ -132,6 +133,7 @@ def _typical_call(scheme, backend):
         kwargs["q_offset"] = 2
     options = {"grid2d": {"height": 2, "width": 3}, "swin": {"window_height": 2,
                                                               "window_width": 3},
+               "swinv2": {"window_height": 2, "window_width": 3, "mask_penalty": -7.0},
                "t5": {"max_distance": 10}}.get(scheme, {})
     return (q, k, v, *entry.table_args(tables)), {**kwargs, **options}
 

@@ -13,7 +13,7 @@ RNG = np.random.default_rng(7)
 
 def test_every_preset_names_a_scheme_and_how_it_is_verified():
     schemes = {"shaw", "music", "general", "t5", "alibi", "grid2d", "swin", "transformer_xl",
-               "deberta", "rope", "kerple", "sandwich", "xpos"}
+               "deberta", "rope", "kerple", "sandwich", "xpos", "swinv2"}
     for preset in PRESETS.values():
         assert preset.scheme in schemes and preset.notes and preset.verified_by
         assert preset.name in PRESETS and preset.implementation

@@ -210,6 +210,7 @@ FIGURES = {
     "rope": {"t_q": T, "t_k": T},
     "xpos": {"t_q": T, "t_k": T, "scale_base": 8.0},
     "swin": {"height": 2, "width": 3},
+    "swinv2": {"height": 2, "width": 3},
     "transformer_xl": {"t_q": T - 4, "t_k": T, "d_model": 16},
     "deberta": {"t_q": T, "t_k": T, "span": 4, "max_position": 8},
 }

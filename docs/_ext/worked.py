@@ -321,6 +321,7 @@ EXAMPLES = {
     "rope": {"t_q": 4, "t_k": 4},
     "xpos": {"t_q": 4, "t_k": 4, "scale_base": 8.0},
     "swin": {"height": 2, "width": 2},
+    "swinv2": {"height": 2, "width": 2},
     "transformer_xl": {"t_q": 3, "t_k": 5, "clamp_len": 2},
     "deberta": {"t_q": 4, "t_k": 4, "span": 2},
 }
@@ -458,11 +459,24 @@ def _deberta_extra() -> list[Step]:
                  cols=_labels("", range(len(r))))]
 
 
+def _swinv2_extra() -> list[Step]:
+    coords = np.asarray(rp.swinv2_coordinates(2, 3, xp=xp))
+    pre = np.asarray(rp.swinv2_coordinates(2, 3, pretrained_window=(3, 5), xp=xp))
+    rows = ("window (2, 3)", "pretrained_window=(3, 5)")
+    return [Step("`swinv2_coordinates(2, 3)`, rows: `c(Δy) = sign(u) log2(1 + |u|) / 3` with "
+                 "`u = 8 Δy / (W_h - 1)`, or `(P_h - 1)` when pretrained",
+                 np.stack([coords[::5, 0], pre[::5, 0]]), rows=rows,
+                 cols=_labels("Δy=", range(-1, 2))),
+            Step("columns: `c(Δx)`, `u = 8 Δx / (W_w - 1)` or `(P_w - 1)`",
+                 np.stack([coords[:5, 1], pre[:5, 1]]), rows=rows,
+                 cols=_labels("Δx=", range(-2, 3)))]
+
+
 #: Steps a page shows besides its index tables.
 EXTRAS = {"bias": _bias_extra, "t5": _t5_extra, "alibi": _alibi_extra, "rope": _rope_extra,
           "xpos": _xpos_extra,
           "deberta": _deberta_extra, "kerple": _kerple_extra, "sandwich": _sandwich_extra,
-          "forgetting": _forgetting_extra}
+          "forgetting": _forgetting_extra, "swinv2": _swinv2_extra}
 
 
 def preset_rows(scheme: str) -> str:

@@ -101,6 +101,9 @@ def base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
                                 "per_head": True}),
         ("swin", "masked", {"h": 2, "d": 8, "height": 3, "width": 3, "per_head": True,
                             "masked": True}),
+        # swinv2: the MLP's table (hidden width 4), per head, masked
+        ("swinv2", "masked", {"h": 2, "d": 8, "height": 2, "width": 3, "hidden": 4,
+                              "per_head": True, "masked": True}),
         # rope: both pairings, partial rotation, an offset
         ("rope", "half-partial-end", {"h": 2, "t_q": 5, "t_k": 11, "d": 16, "rotary_dim": 8,
                                       "q_offset": 6, "causal": True}),

@@ -50,6 +50,7 @@ from ..schemes import (
     music,
     shaw,
     swin,
+    swinv2,
     transformer_xl,
 )
 from ..schemes._tables import table_logits
@@ -155,6 +156,30 @@ def swin_attention(
         return NotImplemented
     add = window_bias(table, window_height, window_width)
     return _attend(q, k, v, call, mask=mask, add_bias=add, return_weights=return_weights)
+
+
+@_register("swinv2")
+def swinv2_attention(
+    q, k, v, w1, b1, w2, /, *, window_height, window_width, pretrained_window=None,
+    logit_scale=None, scale=None, mask=None, mask_penalty=None, return_weights=False,
+):
+    # Swin v1's kernel on the MLP's table (and cosine attention's operands)
+    if not _ndarrays(q, k, v, w1, b1, w2, logit_scale, mask):
+        return NotImplemented
+    if mask is not None and mask_penalty is not None:  # an additive mask: the specification
+        return NotImplemented
+    call = swinv2.swinv2_call(
+        q, k, v, w1, b1, w2, window_height=window_height, window_width=window_width,
+        pretrained_window=pretrained_window, logit_scale=logit_scale, scale=scale, mask=mask,
+        mask_penalty=mask_penalty,
+    )
+    q2, k2, *_ = swinv2._operands(q, k, logit_scale)
+    if not bounded("swin", call, q2, k2):
+        return NotImplemented
+    table = swinv2.swinv2_table(w1, b1, w2, window_height, window_width,
+                                pretrained_window=pretrained_window)
+    add = window_bias(table, window_height, window_width)
+    return _attend(q2, k2, v, call, mask=mask, add_bias=add, return_weights=return_weights)
 
 
 @_register("grid2d")

@@ -83,6 +83,7 @@ from ._overflow import limit, logit_bound
 from ._torch_form import fits, form_attention
 from ._torch_form_vjp import form_vjp
 from ._torch_sdpa import by_sdpa, sdpa_form, sdpa_terms
+from ._torch_swinv2 import without_penalty
 
 __all__ = ["BLOCKED_KERNELS", "KERNELS", "VJP_KERNELS"]
 
@@ -443,3 +444,7 @@ for _name in catalog.names(plain=True):
     if "q_offset" in inspect.signature(catalog.get(_name).attention).parameters:
         BLOCKED_KERNELS[_name] = _blocked_kernel(_name)
 del _name
+
+
+KERNELS["swinv2"] = without_penalty(KERNELS["swinv2"])
+VJP_KERNELS["swinv2"] = without_penalty(VJP_KERNELS["swinv2"])

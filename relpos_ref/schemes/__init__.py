@@ -63,6 +63,13 @@ from .sandwich import (
 )
 from .shaw import shaw_attention, shaw_attention_vjp, shaw_index, shaw_logits, shaw_values
 from .swin import swin_attention, swin_attention_vjp, swin_bias, swin_index
+from .swinv2 import (
+    swinv2_attention,
+    swinv2_attention_vjp,
+    swinv2_bias,
+    swinv2_coordinates,
+    swinv2_table,
+)
 from .t5 import t5_attention, t5_attention_vjp, t5_bias, t5_bucket, t5_bucket_boundaries
 from .transformer_xl import (
     transformer_xl_attention,
@@ -138,6 +145,11 @@ __all__ = [
     "swin_attention_vjp",
     "swin_bias",
     "swin_index",
+    "swinv2_attention",
+    "swinv2_attention_vjp",
+    "swinv2_bias",
+    "swinv2_coordinates",
+    "swinv2_table",
     "t5_attention",
     "t5_attention_vjp",
     "t5_bias",
