@@ -91,8 +91,9 @@ BIAS_PRESETS: tuple[dict[str, Any], ...] = (
         "params": {"symmetric": False, "causal": True},
         "notes": "key-only bias slope * (j - (L - 1)) over max_seq_len L keys, sliced to the "
                  "last key_length: our causal form plus a constant per row, after the "
-                 "softmax scale; slopes of the next power of two P, 2^(-8 c / P), odd c first "
-                 "then even: the paper's for every head count (another alibi_bias_max scales "
+                 "softmax scale; slopes of the next power of two P, 2^(-8 c / P) for "
+                 "c = 1 .. P, even c first then odd: the paper's for every head count (another "
+                 "alibi_bias_max scales "
                  "the exponents: pass slopes).",
         "verified_by": "peer test (tests/test_peers_alibi.py) against transformers' "
                        "MptAttention weights and slopes",
@@ -119,8 +120,9 @@ BIAS_PRESETS: tuple[dict[str, Any], ...] = (
                  "it tril()s that (t_q, t_k) slice, start-aligned: with t_q < t_k the "
                  "t_k - t_q - 1 most recent past keys of each query lose their bias (ours "
                  "when t_q = t_k); "
-                 "the log kernel for kerple_p = 1 (its "
-                 "initialization), r1 = kerple_b (initialized to the ALiBi slopes), r2 = "
+                 "the log kernel for kerple_p = 1 (its initialization; kerple_p is "
+                 "learned, and a checkpoint with kerple_p != 1 is not a kernel here), "
+                 "r1 = kerple_b (initialized to the ALiBi slopes), r2 = "
                  "kerple_a (ones; a constant 0 before NVIDIA-NeMo PR #6666, so every bias was "
                  "0): to_canonical(param) reshapes (1, h, 1, 1) to (h,).",
         "verified_by": "worked example (tests/test_peers_biases.py) transcribing NeMo's "

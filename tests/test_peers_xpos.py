@@ -133,14 +133,27 @@ def test_the_two_peers_centres_differ_by_one_on_odd_lengths_and_the_attention_do
 
 def test_scales_beyond_the_dtype_are_refused_naming_the_centre():
     q = k = v = np.zeros((1, 2, 8), dtype=np.float32)
-    xpos.xpos_attention(q, k, v, q_offset=35_000, center=0)  # |p| <= 35681: fine
+    xpos.xpos_attention(q, k, v, q_offset=35_000, center=0)  # |p| <= 35694: fine
     with pytest.raises(ValueError, match="`center` 0 leaves positions"):
         xpos.xpos_attention(q, k, v, q_offset=40_000, center=0)
     # the same call, centred at L // 2 = 20001: each scale within float32
     out = xpos.xpos_attention(q + 1, k + 1, v + 1, q_offset=40_000, center="middle")
     assert np.isfinite(out).all()
     xpos.xpos_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
-                        q_offset=40_000, center=0)  # float64 reaches 290562
+                        q_offset=40_000, center=0)  # float64 reaches 289519
+
+
+@pytest.mark.parametrize(("dtype", "reach"), [(np.float16, 3966), (np.float32, 35694),
+                                              (np.float64, 289519)])
+def test_rotated_rows_stay_in_their_own_dtype_or_are_refused(dtype, reach):
+    # a float16 array is rotated in float32 and returned in float16: its scales must fit
+    # float16, not float32 (no inf, no flushed zeros)
+    x = np.ones((1, 4, 4), dtype=dtype)
+    for key in (False, True):
+        y = xpos.xpos_rotate(x, offset=reach - 3, center=0, key=key)
+        assert y.dtype == dtype and np.isfinite(y).all() and (np.abs(y[..., ::2]) > 0).all()
+        with pytest.raises(ValueError, match=rf"\(\|p - center\| <= {reach}\)"):
+            xpos.xpos_rotate(x, offset=reach - 2, center=0, key=key)
 
 
 def test_bad_options_name_themselves():

@@ -277,6 +277,15 @@ def test_bad_input_is_refused_by_name(kwargs, error, match):
         rp.rope_attention(x, x, x, base=BASE, **kwargs)
 
 
+def test_a_negative_query_offset_with_positions_names_q_offset():
+    x = np.zeros((2, 4, 8))
+    positions = np.zeros((3, 8), dtype=np.int64)
+    with pytest.raises(ValueError, match=r"`q_offset` must be >= 0 with `positions` .* got -1"):
+        rp.rope_attention(x, x, x, axes=_AXES, positions=positions, q_offset=-1)
+    with pytest.raises(ValueError, match=r"`offset` must be >= 0 with `positions` .* got -1"):
+        rp.rope_rotate(x, axes=_AXES, positions=positions, offset=-1)
+
+
 def test_bad_converter_input_is_refused_by_name():
     w = np.zeros((12, 3))
     with pytest.raises(ValueError, match=r"multiple of `head_dim` = 8 .* got shape \(12, 3\)"):

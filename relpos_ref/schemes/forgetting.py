@@ -200,6 +200,9 @@ def forgetting_bias(f: Any, /, t_q: int, t_k: int | None = None, *, q_offset: in
         Number of keys; default ``n``. Gates past ``t_k`` are never read.
     q_offset : int, optional
         Position of query 0; every query position must have a gate (``< n``).
+        0 here (the first queries), unlike `forgetting_attention`, whose
+        default is end-aligned (``t_k - t_q``): a decode step against a cache
+        passes ``q_offset = t_k - 1``.
 
     Returns
     -------

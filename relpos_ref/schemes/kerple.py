@@ -10,13 +10,17 @@ after scaling, with two learned parameters per head, :math:`r_1, r_2 > 0`:
           \end{cases}
 
 with ``r = j - (i + q_offset)``. Both are symmetric in ``r`` and 0 at
-``r = 0``; under a causal mask only ``r <= 0`` is read, so zeroing the future
-distances before the kernel (the authors' ``tril``, NeMo's) gives the same
-attention. The defaults are NeMo's initialization: ``r_1`` the ALiBi slopes
-of the head count (`relpos_ref.schemes.alibi.alibi_slopes`), ``r_2 = 1``;
-with them the power variant is ALiBi. NeMo's module computes
-``-b log(1 + a |r|^p)``, the log variant for ``p = 1`` (its default); its
-``a`` was a constant 0 until NVIDIA-NeMo PR #6666, which made every bias 0.
+``r = 0``; under a causal mask only ``r <= 0`` is read. NeMo's ``tril``
+zeroes the future of its end-aligned ``(t_q, t_k)`` slice start-aligned: the
+same attention when ``t_q = t_k``, but after a cache (``t_q < t_k``) it
+zeroes the bias of the ``t_k - t_q - 1`` most recent past keys of each query
+(docs/schemes/kerple.md). The defaults are NeMo's initialization: ``r_1``
+the ALiBi slopes of the head count (`relpos_ref.schemes.alibi.alibi_slopes`),
+``r_2 = 1``; with them the power variant is ALiBi. NeMo's module computes
+``-b log(1 + a |r|^p)`` with ``p`` learned: the log variant only while
+``p = 1`` (its initialization); a trained ``p != 1`` is not a kernel here.
+Its ``a`` was a constant 0 until NVIDIA-NeMo PR #6666, which made every
+bias 0.
 
 The parameters are values, never checked (that would read array values): a
 non-positive one gives what the formula gives (NaN for a log of a negative

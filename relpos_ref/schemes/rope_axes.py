@@ -265,7 +265,8 @@ def rope_axes_frequencies(
 
 
 def check_positions(x: Any, positions: Any, rule: Mapping[str, Any] | None, *, rotary_dim: int,
-                    scaling: Mapping[str, Any] | None, needed: int, offset: int = 0) -> Any:
+                    scaling: Mapping[str, Any] | None, needed: int, offset: int = 0,
+                    offset_name: str = "offset") -> Any:
     """`positions` as an integer array of `x`'s namespace, checked against the call.
 
     ``(n, ..., L)``: ``n`` the axes of `rule`, ``L >= needed`` (the call's
@@ -315,7 +316,7 @@ def check_positions(x: Any, positions: Any, rule: Mapping[str, Any] | None, *, r
                f"axis, one column per token), got shape {shape}")
         raise ValueError(msg)
     if offset < 0:
-        msg = f"`offset` must be >= 0 with `positions` (a token index), got {offset}"
+        msg = f"`{offset_name}` must be >= 0 with `positions` (a token index), got {offset}"
         raise ValueError(msg)
     broadcast_shapes(x=x.shape[:-2], positions=shape[1:-1])
     return positions

@@ -16,8 +16,10 @@ The bias is even in ``r``, 0 at ``r = 0`` and negative elsewhere (the
 implementations differ in the first frequency ``c_0`` (`start`): 0, the
 sinusoidal embedding's own (attention-gym's ``generate_sandwich_bias``), or
 1 (NeMo's ``SandwichRelativePositionEmbedding``, ``arange(1, d̄/2 + 1)``).
-NeMo zeroes the future distances when not bidirectional (``tril``); under
-a causal mask they are never read.
+NeMo, when not bidirectional, applies ``tril`` start-aligned to its
+end-aligned ``(t_q, t_k)`` slice: the same attention when ``t_q = t_k``, but
+after a cache it zeroes the bias of the ``t_k - t_q - 1`` most recent past
+keys of each query.
 
 The angles ``r ω_c`` are computed in float64 where the device has it
 (`relpos_ref._exact`), the sum rounded once to the call's dtype.

@@ -36,8 +36,9 @@ Range
     query's ``ζ_0^{(n - o)/gamma}`` underflows while the key's overflows, and
     ``0 · inf`` would replace a product near 1. The rule: every scale must be
     a normal number of the computing dtype, ``|p - o| ln(1/ζ_0) / gamma`` below
-    ``min(ln max, -ln tiny)`` (``|p - o| <= 35681`` in float32 with the
-    defaults, ``<= 290562`` in float64); otherwise a `ValueError` naming
+    ``min(ln max, -ln tiny)`` (``|p - o| <= 35694`` in float32 with the
+    defaults, ``<= 289519`` in float64, ``<= 3966`` for `xpos_rotate`'s
+    float16 result); otherwise a `ValueError` naming
     `center`. A centred call reaches twice as far as ``center=0``.
 """
 
@@ -149,7 +150,8 @@ def _check_range(xp: Any, dtype: Any, *, low: int, high: int, zeta: tuple[float,
     if far > reach:
         msg = (f"`center` {center} leaves positions {low} .. {high} up to {far} away, where "
                f"the scale zeta^(p - center)/{scale_base:g} leaves the range of {dtype} "
-               f"(|p - center| <= {reach}); centre the call (center='middle') or use float64")
+               f"(|p - center| <= {reach}); centre the call (center='middle')"
+               + ("" if info.bits >= 64 else " or use float64"))
         raise ValueError(msg)
 
 
@@ -161,7 +163,6 @@ def _scale_base(scale_base: float) -> float:
     return scale_base
 
 
-@computes_in_float32
 def xpos_rotate(
     x: Any,
     /,
@@ -221,6 +222,16 @@ def xpos_rotate(
     Array([[3.5       , 0.        ],
            [0.54030231, 0.84147098]], dtype=array_api_strict.float64)
     """
+    # computed in float32 for 16-bit arrays; the scales' range is checked in the result's dtype
+    return _rotate(x, result_dtype=getattr(x, "dtype", None), offset=offset, key=key,
+                   base=base, rotary_dim=rotary_dim, layout=layout, scale_base=scale_base,
+                   scale_offset=scale_offset, center=center, length=length, inverse=inverse)
+
+
+@computes_in_float32
+def _rotate(x: Any, /, *, result_dtype: Any, offset: int, key: bool, base: float,
+            rotary_dim: int | None, layout: str, scale_base: float, scale_offset: float,
+            center: int | str, length: int | None, inverse: bool) -> Any:
     xp = _xp.array_namespace(x)
     _xp.check_floating(xp, "x", x)
     check_choice("layout", layout, ROPE_LAYOUTS)
@@ -236,8 +247,8 @@ def xpos_rotate(
     freqs = rope_frequencies(rd, base=base)
     zeta = xpos_zeta(rd, scale_offset=scale_offset)
     gamma = _scale_base(scale_base)
-    _check_range(xp, x.dtype, low=offset, high=offset + t - 1, zeta=zeta, scale_base=gamma,
-                 center=o)
+    _check_range(xp, x.dtype if result_dtype is None else result_dtype, low=offset,
+                 high=offset + t - 1, zeta=zeta, scale_base=gamma, center=o)
     if rd == 0:
         return xp.reshape(x, tuple(x.shape), copy=True)
     dev = _xp.device(x)
