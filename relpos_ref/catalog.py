@@ -303,7 +303,7 @@ _ENTRIES = (
                         "their logits (-100 Swin v2, -200 transformers)",
                         case_parameter=False)),
         grid=lambda s: s["height"] * s["width"],
-        benchmark=lambda t: {"height": 32, "width": t // 32},
+        benchmark=lambda t: {"height": 32, "width": t // 32, "hidden": 512},
         vjp=swinv2.swinv2_attention_vjp, show=bad.swinv2_show,
     ),
     Scheme(

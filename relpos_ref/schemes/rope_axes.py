@@ -50,7 +50,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import array_api_compat
-import numpy as np
 
 from .. import _xp
 from .._validate import as_float, broadcast_shapes, check_bool, check_choice
@@ -86,6 +85,8 @@ def _nested_shape(name: str, value: Any) -> tuple[int, ...]:
     if array_api_compat.is_array_api_obj(value):
         return tuple(value.shape)
     if isinstance(value, list) and value:  # nested lists of numbers: NumPy reads them at once
+        import numpy as np  # here: the pytest plugin imports this module without NumPy
+
         try:
             found = np.asarray(value)
         except ValueError:  # ragged: the walk below names it
