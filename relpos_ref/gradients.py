@@ -136,10 +136,12 @@ def masked_product(a: Any, b: Any, /, *, used: Any = None) -> Any:
     zero = xp.zeros((), dtype=b.dtype, device=dev)
     finite = xp.all(xp.isfinite(b), axis=-1)  # (..., n): a row read whole or not at all
     out = xp.matmul(a, xp.where(finite[..., None], b, zero))
-    bad = xp.astype(xp.logical_not(finite), a.dtype)[..., None]
-    hits = xp.matmul(xp.astype(used, a.dtype), bad)  # used pairs with a non-finite row
+    # used pairs with a non-finite row, by logic: a float matrix-vector product here let
+    # OpenBLAS raise a spurious "invalid value" on its uninitialized output (beta = 0)
+    hits = xp.any(xp.logical_and(used, xp.logical_not(finite)[..., None, :]), axis=-1,
+                  keepdims=True)
     nan = xp.asarray(xp.nan, dtype=out.dtype, device=dev)
-    return xp.where(hits > zero, nan, out)
+    return xp.where(hits, nan, out)
 
 
 def dot_rows(a: Any, b: Any, /) -> Any:
