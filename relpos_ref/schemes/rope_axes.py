@@ -84,15 +84,6 @@ def _int_list(name: str, value: Any, *, even: bool) -> tuple[int, ...]:
 def _nested_shape(name: str, value: Any) -> tuple[int, ...]:
     if array_api_compat.is_array_api_obj(value):
         return tuple(value.shape)
-    if isinstance(value, list) and value:  # nested lists of numbers: NumPy reads them at once
-        import numpy as np  # here: the pytest plugin imports this module without NumPy
-
-        try:
-            found = np.asarray(value)
-        except ValueError:  # ragged: the walk below names it
-            found = None
-        if found is not None and found.dtype.kind in "iuf" and found.size:
-            return tuple(found.shape)
     return _walked_shape(name, value)
 
 
