@@ -303,7 +303,8 @@ _ENTRIES = (
                         "their logits (-100 Swin v2, -200 transformers)",
                         case_parameter=False)),
         grid=lambda s: s["height"] * s["width"],
-        benchmark=lambda t: {"height": 32, "width": t // 32, "hidden": 512},
+        benchmark=lambda t: {"height": 32, "width": t // 32, "hidden": 512,
+                             "shared": ("w1", "b1")},  # Swin v2's: Linear(512, h) alone per head
         vjp=swinv2.swinv2_attention_vjp, show=bad.swinv2_show,
     ),
     Scheme(

@@ -259,3 +259,23 @@ def test_a_zero_length_skips_its_section_and_a_negative_one_is_refused(bench, tm
     with pytest.raises(SystemExit):
         bench.main(["--t-definition", "-1", "--out", str(tmp_path)])
     assert "--t-definition: must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_schemes_limits_the_tables_to_the_named_schemes_and_plain(bench, tmp_path, capsys):
+    code = bench.main(["--t", "32", "--heads", "2", "--d", "4", "--k-max", "2", "--repeat", "1",
+                       "--t-definition", "32", "--t-blocked", "0", "--schemes", "kerple,shaw",
+                       "--out", str(tmp_path)])
+    assert code == 0
+    assert "RoPE's scalings" not in capsys.readouterr().out  # rope not named
+    (path,) = tmp_path.glob("*.json")
+    report = json.loads(path.read_text())
+    for table in ("schemes", "backward"):
+        assert {row["scheme"].split()[0] for row in report[table]} == {"plain", "kerple", "shaw"}
+    assert {row["scheme"].split()[0] for row in report["methods"]} == {"shaw"}  # has methods
+    assert report["rope"] == []
+    targets = {t["target"].split()[0] for t in report["targets"]}
+    assert "shaw" in targets and "general" not in targets
+    with pytest.raises(SystemExit):
+        bench.main(["--schemes", "kerple,fire-typo", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "--schemes" in err and "'fire-typo' not in the catalog" in err

@@ -157,7 +157,7 @@ def _mlp(w1: Any, b1: Any, w2: Any, coords: Any) -> tuple[Any, Any, Any]:
     heads = _check_mlp(w1, b1, w2)
     pre = xp.matmul(coords, xp.matrix_transpose(w1)) + b1[..., None, :]
     hidden = xp.maximum(pre, xp.zeros((), dtype=pre.dtype, device=_xp.device(pre)))
-    z = xp.sum(hidden * w2[..., None, :], axis=-1)
+    z = xp.matmul(hidden, w2[..., :, None])[..., 0]  # no (H, n, m) product
     if heads is not None and z.ndim == 1:
         z = z[None, :]
     if heads is not None:
@@ -433,9 +433,9 @@ def swinv2_attention_vjp(
     d_pre = xp.where(pre > 0, d_hidden, xp.zeros((), dtype=pre.dtype, device=device))
     out = {
         "v": sum_to_shape(core.dv, v.shape),
-        "w1": sum_to_shape(xp.sum(d_pre[..., None] * coords[:, None, :], axis=-3), w1.shape),
+        "w1": sum_to_shape(xp.matmul(xp.matrix_transpose(d_pre), coords), w1.shape),
         "b1": sum_to_shape(xp.sum(d_pre, axis=-2), b1.shape),
-        "w2": sum_to_shape(xp.sum(dz[..., None] * hidden, axis=-2), w2.shape),
+        "w2": sum_to_shape(xp.matmul(dz[..., None, :], hidden)[..., 0, :], w2.shape),
     }
     if logit_scale is None:  # in the order of the arguments, as the kernels give them
         return {"q": sum_to_shape(core.dq, q.shape), "k": sum_to_shape(core.dk, k.shape), **out}
