@@ -51,6 +51,7 @@ MODULES = [
     "relpos_ref.golden.cases",
     "relpos_ref.golden.compare",
     "relpos_ref.golden.decode",
+    "relpos_ref.golden.diagnose",
     "relpos_ref.golden.diagnose_rope",
     "relpos_ref.golden.dtypes",
     "relpos_ref.golden.fileformat",

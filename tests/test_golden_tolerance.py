@@ -148,6 +148,7 @@ def test_every_planted_mistake_that_changes_an_output_fails(sixteen):
     kerple_decode = "kerple/decode-log/b1-h3-q8-k8-d8-n3-log/bfloat16/s0"
     kerple_power = "kerple/power-masked/b1-h3-q7-k7-d8-power/bfloat16/s0"
     sandwich = "sandwich/nemo-d16/b1-h3-q5-k7-d8-D16-c1/bfloat16/s0"
+    xpos = "xpos/half-partial-masked/b1-h2-q7-k7-d16-X8-half-g8-cmiddle/bfloat16/s0"
     assert sorted(subtle) == sorted([(decode, "causal-strict", 0.67),
                                      (decode, "clip-at-K+1", 3.29),
                                      (scaled, "clip-at-K+1", 13.6), (t5, "not-causal", 14.94),
@@ -161,5 +162,7 @@ def test_every_planted_mistake_that_changes_an_output_fails(sixteen):
                                      (kerple_decode, "cache-length+1", 6.9),
                                      (kerple_power, "q_offset+1", 13.43),
                                      (sandwich, "end-aligned", 8.53),
-                                     (sandwich, "start-aligned", 8.59)])
+                                     (sandwich, "start-aligned", 8.59),
+                                     # xPos's decay over 7 positions, half the rotated pairs
+                                     (xpos, "xpos-decay-missing", 10.01)])
     assert safety_factor("bfloat16") < 3.29  # the case fails: beyond k e_max

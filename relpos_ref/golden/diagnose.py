@@ -34,7 +34,9 @@ names the bug. The variants, where they apply to a case:
 - RoPE's: the attention factor applied once or squared twice, YaRN's mscale
   missing, partial rotary over the whole head, the pairing swapped, the
   LongRoPE switch at the wrong length, float32 angles
-  (`relpos_ref.golden.diagnose_rope`).
+  (`relpos_ref.golden.diagnose_rope`);
+- xPos's: the pairing swapped, partial rotary over the whole head, the decay
+  missing (plain RoPE) or inverted (queries scaled as keys, keys as queries).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ import numpy as np
 from .. import catalog
 from .compare import to_numpy
 from .decode import decode_variants
-from .diagnose_rope import rope_variants
+from .diagnose_rope import rope_variants, xpos_variants
 from .diagnosis import MUCH_CLOSER, CaseDiagnosis, VariantResult, _ratio
 
 __all__ = [
@@ -186,6 +188,8 @@ def variants(scheme: str, call: Call, params: Mapping[str, Any]) -> Iterator[tup
             call, lambda t, a: np.broadcast_to(a[:1], a.shape).copy(), entry)
     if scheme == "rope":
         yield from rope_variants(call, params)
+    if scheme == "xpos":
+        yield from xpos_variants(call, params)
     if "causal" in kwargs:
         if kwargs["causal"]:
             yield "not-causal", call.replace(kwargs={**kwargs, "causal": False})
@@ -358,8 +362,9 @@ def diagnose(golden: str | os.PathLike[str], obtained: str | os.PathLike[str], *
     ...     output = case.expected["output"].astype(np.float32)
     ...     data = dumps({"output": output}, "safetensors")
     ...     _ = (root / "mine" / case.entry["file"]).write_bytes(data)
-    >>> [d.matches_golden for d in diagnose(root / "golden", root / "mine")]
-    [True, True]
+    >>> found = diagnose(root / "golden", root / "mine")
+    >>> len(found) == len(suite.cases), all(d.matches_golden for d in found)
+    (True, True)
     """
     from .paths import SuiteError
     from .results import read_result, result_files

@@ -24,6 +24,16 @@ where they apply (each changes only the case's RoPE options):
   only where a position reaches `ANGLE_POSITIONS`, beyond which a float32
   angle is off by up to :math:`2^{-8}` rad per unit of frequency (below it,
   by less than 16-bit rounding moves an output).
+
+xPos's cases (`xpos_variants`) try ``pairing-swapped`` and
+``partial-rotary-whole-head`` as RoPE's do, and the decay's own mistakes:
+
+- ``xpos-decay-missing``: the rotation without xPos's scales (plain RoPE
+  with xPos's pairing); planted as ``scale_base = 1e300``, whose scales are 1;
+- ``xpos-decay-inverted``: queries scaled by :math:`\zeta^{-(n - o)/\gamma}`
+  and keys by :math:`\zeta^{(m - o)/\gamma}` (the two sides swapped), so a
+  past key is amplified instead of damped; planted as the operands so scaled,
+  through plain attention (no argument of `xpos_attention` expresses it).
 """
 
 from __future__ import annotations
@@ -32,12 +42,15 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..schemes.rope_scaling import attention_factor, check_scaling
+from ..schemes.rope_scaling import attention_factor, call_length, check_scaling
 
 if TYPE_CHECKING:
     from .diagnose import Call
 
-__all__ = ["ANGLE_POSITIONS", "rope_variants"]
+__all__ = ["ANGLE_POSITIONS", "rope_variants", "xpos_variants"]
+
+#: xPos's rotation arguments, as `relpos_ref.schemes.xpos.xpos_rotate` takes them.
+_XPOS_ROTATION = ("base", "rotary_dim", "layout", "scale_base", "scale_offset", "center")
 
 #: The largest position from which the angle variants are tried: ``2**16``.
 ANGLE_POSITIONS = 2**16
@@ -96,3 +109,51 @@ def rope_variants(call: Call, params: Mapping[str, Any]) -> Iterator[tuple[str, 
         yield "float32-angles", _with(call, angles="float32")
     else:
         yield "float64-angles", _with(call, angles="float64")
+
+
+def xpos_variants(call: Call, params: Mapping[str, Any]) -> Iterator[tuple[str, Call]]:
+    """xPos's planted-mistake calls that apply to a case, as ``(name, call)``.
+
+    Parameters
+    ----------
+    call : Call
+        The case's call (`relpos_ref.golden.diagnose.Call`), float64 NumPy arrays.
+    params : mapping
+        The case's parameters.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from relpos_ref.golden.diagnose import Call
+    >>> q = k = v = np.ones((3, 4))
+    >>> call = Call(q, k, v, {}, None, {"scale": 0.5, "q_offset": 0})
+    >>> params = {"d": 4, "rotary_dim": None, "t_q": 3, "t_k": 3}
+    >>> [name for name, _ in xpos_variants(call, params)]
+    ['pairing-swapped', 'xpos-decay-missing', 'xpos-decay-inverted']
+    """
+    rotary_dim = params.get("rotary_dim")
+    if rotary_dim is not None and rotary_dim < params["d"]:
+        yield "partial-rotary-whole-head", _with(call, rotary_dim=None)
+    layout = call.kwargs.get("layout", "interleaved")
+    yield "pairing-swapped", _with(
+        call, layout="interleaved" if layout == "half" else "half")
+    yield "xpos-decay-missing", _with(call, scale_base=1e300)
+    yield "xpos-decay-inverted", _decay_inverted(call)
+
+
+def _decay_inverted(call: Call) -> Call:
+    # queries scaled as keys are and keys as queries are, about the call's centre; then
+    # plain attention on them (a decode plan slices these rows and keys per step)
+    import numpy as np
+
+    from ..schemes.xpos import xpos_rotate
+
+    rotation = {n: call.kwargs[n] for n in _XPOS_ROTATION if n in call.kwargs}
+    t_q, t_k = call.q.shape[-2], call.k.shape[-2]
+    q_offset = call.kwargs.get("q_offset")
+    q_offset = 0 if q_offset is None else q_offset
+    length = call_length(t_q, t_k, q_offset)
+    q = xpos_rotate(call.q, offset=q_offset, key=True, length=length, **rotation)
+    k = xpos_rotate(call.k, offset=0, key=False, length=length, **rotation)
+    plain = {n: value for n, value in call.kwargs.items() if n not in _XPOS_ROTATION}
+    return call.replace(q=q, k=k, kwargs=plain, bias=np.zeros((t_q, t_k)))
