@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 import relpos_ref as rp
 from relpos_ref import catalog, kernels
-from relpos_ref.kernels import _numpy_vjp, _numpy_vjps
+from relpos_ref.kernels import _numpy_vjp, _numpy_vjp_deberta
 from relpos_ref.kernels._numpy_vjp import band_view, skew_view, tile_products, tile_rows
 
 VJP_KERNELS = kernels.vjp_kernels("numpy")
@@ -227,12 +227,12 @@ def test_vjp_kernel_equals_the_specification(scheme, data, block, group, sub, ru
     args, kwargs = data.draw(vjp_calls(scheme))
     limits = _numpy_vjp.EXP_LIMIT if limit is None else limit  # {}: always subtract
     with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", block), \
-            mock.patch.object(_numpy_vjps, "GROUP_ROWS", group), \
+            mock.patch.object(_numpy_vjp_deberta, "GROUP_ROWS", group), \
             mock.patch.object(_numpy_vjp, "TILE_ROWS", sub), \
-            mock.patch.object(_numpy_vjps, "END_RUN", run), \
-            mock.patch.object(_numpy_vjps, "RUN_ROWS", runs), \
-            mock.patch.object(_numpy_vjps, "SINGLE_ROWS", single), \
-            mock.patch.object(_numpy_vjps, "DIAGONAL_BYTES", heads), \
+            mock.patch.object(_numpy_vjp_deberta, "END_RUN", run), \
+            mock.patch.object(_numpy_vjp_deberta, "RUN_ROWS", runs), \
+            mock.patch.object(_numpy_vjp_deberta, "SINGLE_ROWS", single), \
+            mock.patch.object(_numpy_vjp_deberta, "DIAGONAL_BYTES", heads), \
             mock.patch.object(_numpy_vjp, "EXP_LIMIT", limits):
         direct = _errors_alike(lambda: VJP_KERNELS[scheme](*args, **kwargs))
     want = _errors_alike(lambda: _spec(scheme, args, kwargs))
@@ -303,11 +303,11 @@ def test_vjp_kernel_covers_long_causal_calls_block_by_block(scheme):
     if _accepts(scheme, "causal"):
         kwargs["causal"] = True
     with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", 8 * 45 * 5), \
-            mock.patch.object(_numpy_vjps, "GROUP_ROWS", 7), \
+            mock.patch.object(_numpy_vjp_deberta, "GROUP_ROWS", 7), \
             mock.patch.object(_numpy_vjp, "TILE_ROWS", 2), \
-            mock.patch.object(_numpy_vjps, "END_RUN", 3), \
-            mock.patch.object(_numpy_vjps, "RUN_ROWS", 4), \
-            mock.patch.object(_numpy_vjps, "DIAGONAL_BYTES", 1):
+            mock.patch.object(_numpy_vjp_deberta, "END_RUN", 3), \
+            mock.patch.object(_numpy_vjp_deberta, "RUN_ROWS", 4), \
+            mock.patch.object(_numpy_vjp_deberta, "DIAGONAL_BYTES", 1):
         got = VJP_KERNELS[scheme](*args, **kwargs)
     _assert_gradients_equal(got, _spec(scheme, args, kwargs))
 
@@ -330,7 +330,8 @@ def test_deberta_vjp_kernel_sums_log_buckets_by_table_row(max_position, causal, 
     key_table, query_table = rng.standard_normal((2, 3, 32, 4))
     kwargs = {"d_output": d_output, "max_position": max_position, "causal": causal,
               "q_offset": 5, "mask": rng.random((50, 70)) < 0.9}
-    patches = [mock.patch.object(_numpy_vjps, name, value) for name, value in constants.items()]
+    patches = [mock.patch.object(_numpy_vjp_deberta, name, value)
+               for name, value in constants.items()]
     with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", 16 * 70 * 8):
         for patch in patches:
             patch.start()
@@ -350,17 +351,17 @@ def test_deberta_row_sums_are_kept_across_calls_and_follow_the_constants():
     key_table, query_table = rng.standard_normal((2, 24, 4))
     args = (q, k, v, key_table, query_table)
     kwargs = {"d_output": d_output, "max_position": 20}
-    _numpy_vjps._deberta_row_sums.cache_clear()
+    _numpy_vjp_deberta._deberta_row_sums.cache_clear()
     first = VJP_KERNELS["deberta"](*args, **kwargs)
-    sums = _numpy_vjps._deberta_row_sums(12, 20, -29, 59)
-    assert _numpy_vjps._deberta_row_sums.cache_info().hits >= 1  # the kernel's own entry
+    sums = _numpy_vjp_deberta._deberta_row_sums(12, 20, -29, 59)
+    assert _numpy_vjp_deberta._deberta_row_sums.cache_info().hits >= 1  # the kernel's own entry
     assert not sums.row_of.flags.writeable
-    assert all(key[3:] == (_numpy_vjps.END_RUN, _numpy_vjps.SINGLE_ROWS,
-                           _numpy_vjps.RUN_ROWS) for key in sums.plans)
+    assert all(key[3:] == (_numpy_vjp_deberta.END_RUN, _numpy_vjp_deberta.SINGLE_ROWS,
+                           _numpy_vjp_deberta.RUN_ROWS) for key in sums.plans)
     made = len(sums.plans)
     assert made and VJP_KERNELS["deberta"](*args, **kwargs) and len(sums.plans) == made
-    with mock.patch.object(_numpy_vjps, "END_RUN", 3), \
-            mock.patch.object(_numpy_vjps, "RUN_ROWS", 2):
+    with mock.patch.object(_numpy_vjp_deberta, "END_RUN", 3), \
+            mock.patch.object(_numpy_vjp_deberta, "RUN_ROWS", 2):
         patched = VJP_KERNELS["deberta"](*args, **kwargs)
     assert any(key[3] == 3 and key[5] == 2 for key in sums.plans)
     _assert_gradients_equal(patched, first)
@@ -647,10 +648,10 @@ def test_row_sums_add_each_row_to_its_table_row(row_of, data, run, runs, single,
     x = rng.standard_normal((*lead, length, 3))
     n_rows = int(row_of[-1]) + 2
     out = np.full((*lead, n_rows, 3), 0.5)
-    with mock.patch.object(_numpy_vjps, "END_RUN", run), \
-            mock.patch.object(_numpy_vjps, "RUN_ROWS", runs), \
-            mock.patch.object(_numpy_vjps, "SINGLE_ROWS", single):
-        sums = _numpy_vjps._RowSums(row_of)
+    with mock.patch.object(_numpy_vjp_deberta, "END_RUN", run), \
+            mock.patch.object(_numpy_vjp_deberta, "RUN_ROWS", runs), \
+            mock.patch.object(_numpy_vjp_deberta, "SINGLE_ROWS", single):
+        sums = _numpy_vjp_deberta._RowSums(row_of)
         sums.add(x, first, out, assign=assign)
         again = np.full_like(out, 0.5)
         sums.add(x, first, again, assign=assign)  # the plan, made once, used again

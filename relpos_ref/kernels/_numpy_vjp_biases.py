@@ -1,7 +1,7 @@
 """NumPy VJP kernels of the extrapolation schemes (KERPLE, Sandwich, xPos), beside `_numpy_vjps`.
 
 Each is a bias by distance: one row per distance of the grid
-(`_numpy_vjps._DistanceBias`, read through a Toeplitz view, its gradient the
+(`_numpy_vjp_common._DistanceBias`, read through a Toeplitz view, its gradient the
 column sums of the skewed tile), and KERPLE's parameters get theirs from
 those sums times the kernel's derivatives by distance. xPos is RoPE's: plain
 attention's backward pass at the scaled, rotated operands, carried back by the
@@ -16,7 +16,7 @@ import numpy as np
 from ..gradients import check_d_output
 from ..schemes import kerple, sandwich, xpos
 from ._numpy_vjp import backward, sum_to
-from ._numpy_vjps import (
+from ._numpy_vjp_common import (
     _by_distance_row,
     _covered,
     _DistanceBias,
