@@ -60,6 +60,17 @@ def _with(call: Call, **changes: Any) -> Call:
     return call.replace(kwargs={**call.kwargs, **changes})
 
 
+def _rotation_variants(call: Call, params: Mapping[str, Any], *,
+                       default_layout: str) -> Iterator[tuple[str, Call]]:
+    # the rotation's own mistakes, RoPE's and xPos's: the rotary width, the pairing
+    rotary_dim = params.get("rotary_dim")
+    if rotary_dim is not None and rotary_dim < params["d"]:
+        yield "partial-rotary-whole-head", _with(call, rotary_dim=None)
+    layout = call.kwargs.get("layout", default_layout)
+    yield "pairing-swapped", _with(
+        call, layout="interleaved" if layout == "half" else "half")
+
+
 def rope_variants(call: Call, params: Mapping[str, Any]) -> Iterator[tuple[str, Call]]:
     """RoPE's planted-mistake calls that apply to a case, as ``(name, call)``.
 
@@ -93,12 +104,7 @@ def rope_variants(call: Call, params: Mapping[str, Any]) -> Iterator[tuple[str, 
             yield "yarn-mscale-missing", _with(call, scaling={**given, "attention_factor": 1.0})
     if kind == "yarn" and rule["softmax_mscale"]:
         yield "softmax-mscale-missing", _with(call, scaling={**given, "softmax_mscale": False})
-    rotary_dim = params.get("rotary_dim")
-    if rotary_dim is not None and rotary_dim < params["d"]:
-        yield "partial-rotary-whole-head", _with(call, rotary_dim=None)
-    layout = call.kwargs.get("layout", "half")
-    yield "pairing-swapped", _with(
-        call, layout="interleaved" if layout == "half" else "half")
+    yield from _rotation_variants(call, params, default_layout="half")
     if kind == "longrope":
         yield "longrope-wrong-switch", _with(
             call, scaling={**given, "short_factor": given["long_factor"],
@@ -131,12 +137,7 @@ def xpos_variants(call: Call, params: Mapping[str, Any]) -> Iterator[tuple[str, 
     >>> [name for name, _ in xpos_variants(call, params)]
     ['pairing-swapped', 'xpos-decay-missing', 'xpos-decay-inverted']
     """
-    rotary_dim = params.get("rotary_dim")
-    if rotary_dim is not None and rotary_dim < params["d"]:
-        yield "partial-rotary-whole-head", _with(call, rotary_dim=None)
-    layout = call.kwargs.get("layout", "interleaved")
-    yield "pairing-swapped", _with(
-        call, layout="interleaved" if layout == "half" else "half")
+    yield from _rotation_variants(call, params, default_layout="interleaved")
     yield "xpos-decay-missing", _with(call, scale_base=1e300)
     yield "xpos-decay-inverted", _decay_inverted(call)
 
