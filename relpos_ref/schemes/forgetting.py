@@ -168,7 +168,7 @@ def _bias_wide(big_f: Any, t_q: int, q_offset: int, t_k: int, j0: int = 0) -> An
         at_query = xp.zeros((*big_f.shape[:-1], t_q), dtype=big_f.dtype, device=dev)
     diff = at_query[..., :, None] - big_f[..., None, j0:j0 + t_k]
     causal = j[None, :] <= p[:, None]
-    return xp.where(causal, diff, xp.zeros_like(diff))
+    return xp.where(causal, diff, xp.zeros((), dtype=diff.dtype, device=dev))
 
 
 def forgetting_tile(f: Any, /, t_q: int, t_k: int, *, q_offset: int, j0: int = 0) -> Any:
