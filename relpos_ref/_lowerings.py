@@ -215,7 +215,7 @@ def forgetting_form(q, k, v, tables, *, call, mask, options):
 
 def rope_form(q, k, v, tables, *, call, mask, options):
     q, k = _wide(q), _wide(k)
-    from ._adapters import rope_rotate
+    from ._rope_adapters import rope_rotate
 
     q, k = rope_rotate(q, k, q_offset=call.q_offset, options=options)  # the catalog's adapter
     return DistanceForm(q, k, v, call, mask)

@@ -42,6 +42,7 @@ from typing import Any
 
 from . import _adapters as ad
 from . import _bias_adapters as bad
+from . import _rope_adapters as rope_ad
 from . import _xpos_adapters as xad
 from ._adapters import Terms
 from ._catalog_types import Option, Scheme, Size, Table
@@ -310,23 +311,23 @@ _ENTRIES = (
     Scheme(
         "rope", "Su et al. (2021), RoPE",
         "rotation of q and k by their positions; interleaved and half-split pairs",
-        rope, rope.rope_attention, ad.rope_check, ad.no_terms, ad.distance, _rope_label,
+        rope, rope.rope_attention, rope_ad.rope_check, ad.no_terms, ad.distance, _rope_label,
         options=(Option("base", "frequency base", cli=True, parse=ad.parse_real),
                  Option("rotary_dim", "rotated features (even); default all", cli=True),
                  Option("layout", "which features pair", ("half", "interleaved")),
                  Option("scaling", "frequency scaling: a mapping with 'rope_type' and its "
                         "fields, as transformers' rope_parameters (JSON on the command line)",
-                        cli=True, parse=ad.parse_scaling),
+                        cli=True, parse=rope_ad.parse_scaling),
                  Option("angles", "angles exact ('float64') or as float32 computes them",
                         rope_angles.ANGLES, cli=True),
                  Option("rotary_at", "where the rotated features sit: the front of the head "
                         "or its tail (DeepSeek MLA)", ("front", "tail")),
                  Option("axes", "multi-axis RoPE: a mapping with 'axes_type' ('mrope', "
                         "'axial', 'mixed') and its fields (JSON on the command line)",
-                        cli=True, parse=ad.parse_axes),
+                        cli=True, parse=rope_ad.parse_axes),
                  Option("positions", "each token's integer position per axis, "
                         "(n_axes, ..., L); None: the token index on every axis")),
-        rotate=ad.rope_rotate, show=ad.rope_show,
+        rotate=rope_ad.rope_rotate, show=rope_ad.rope_show,
         vjp=rope.rope_attention_vjp,
     ),
     Scheme(

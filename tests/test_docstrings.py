@@ -14,6 +14,8 @@ MODULES = [
     "relpos_ref._xp",
     "relpos_ref._exact",
     "relpos_ref._validate",
+    "relpos_ref._adapters",
+    "relpos_ref._rope_adapters",
     "relpos_ref.positions",
     "relpos_ref.layouts",
     "relpos_ref.attention",
