@@ -40,6 +40,7 @@ MODULES = [
     "relpos_ref.schemes.grid2d",
     "relpos_ref.schemes.music",
     "relpos_ref.schemes.shaw",
+    "relpos_ref.schemes.clipped_index",
     "relpos_ref.schemes.t5",
     "relpos_ref.schemes.alibi",
     "relpos_ref.schemes.swin",

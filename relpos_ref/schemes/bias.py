@@ -19,7 +19,7 @@ from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 from ..gradients import check_d_output, core_vjp, forward, sum_to_shape
 from ..positions import BEYOND_POLICIES
 from ._tables import binned_scalars_vjp, check_table, gather_scalars
-from .shaw import shaw_index, two_sided_extent
+from .clipped_index import shaw_index, two_sided_extent
 
 __all__ = [
     "DEFAULTS",
