@@ -32,7 +32,7 @@ MODULES = [
     "relpos_ref.kernels._torch_blocks",
     "relpos_ref.kernels._torch_pairs",
     "relpos_ref.kernels._overflow",
-    "relpos_ref.cli",
+    "relpos_ref.cli_show",
     "relpos_ref.backends",
     "relpos_ref.schemes.absolute",
     "relpos_ref.schemes.bias",
