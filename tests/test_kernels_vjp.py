@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 
 import relpos_ref as rp
 from relpos_ref import catalog, kernels
-from relpos_ref.kernels import _numpy_vjp, _numpy_vjp_deberta
-from relpos_ref.kernels._numpy_vjp import band_view, skew_view, tile_products, tile_rows
+from relpos_ref.kernels import _numpy_vjp, _numpy_vjp_deberta, _numpy_vjp_tiles
+from relpos_ref.kernels._numpy_vjp_tiles import band_view, skew_view, tile_products, tile_rows
 
 VJP_KERNELS = kernels.vjp_kernels("numpy")
 COVERED = ["plain", "absolute", "alibi", "bias", "deberta", "general", "grid2d", "kerple", "music",
@@ -228,7 +228,7 @@ def test_vjp_kernel_equals_the_specification(scheme, data, block, group, sub, ru
     limits = _numpy_vjp.EXP_LIMIT if limit is None else limit  # {}: always subtract
     with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", block), \
             mock.patch.object(_numpy_vjp_deberta, "GROUP_ROWS", group), \
-            mock.patch.object(_numpy_vjp, "TILE_ROWS", sub), \
+            mock.patch.object(_numpy_vjp_tiles, "TILE_ROWS", sub), \
             mock.patch.object(_numpy_vjp_deberta, "END_RUN", run), \
             mock.patch.object(_numpy_vjp_deberta, "RUN_ROWS", runs), \
             mock.patch.object(_numpy_vjp_deberta, "SINGLE_ROWS", single), \
@@ -304,7 +304,7 @@ def test_vjp_kernel_covers_long_causal_calls_block_by_block(scheme):
         kwargs["causal"] = True
     with mock.patch.object(_numpy_vjp, "VJP_BLOCK_BYTES", 8 * 45 * 5), \
             mock.patch.object(_numpy_vjp_deberta, "GROUP_ROWS", 7), \
-            mock.patch.object(_numpy_vjp, "TILE_ROWS", 2), \
+            mock.patch.object(_numpy_vjp_tiles, "TILE_ROWS", 2), \
             mock.patch.object(_numpy_vjp_deberta, "END_RUN", 3), \
             mock.patch.object(_numpy_vjp_deberta, "RUN_ROWS", 4), \
             mock.patch.object(_numpy_vjp_deberta, "DIAGONAL_BYTES", 1):
@@ -601,7 +601,7 @@ def test_tile_rows_and_products_follow_their_definitions(rows, width, d, sub, fi
     table = rng.standard_normal((first + length + 2, d))
     side = rng.standard_normal((rows, d))
     # tile_rows: the band of side . table[first + c]
-    with mock.patch.object(_numpy_vjp, "TILE_ROWS", sub):
+    with mock.patch.object(_numpy_vjp_tiles, "TILE_ROWS", sub):
         tile = np.full((rows, length), np.nan)
         tile_rows(tile, side, table, first)
     for i in range(rows):
@@ -613,7 +613,7 @@ def test_tile_rows_and_products_follow_their_definitions(rows, width, d, sub, fi
     tile = np.zeros((rows, length))
     skew_view(tile, width)[...] = values
     d_side, d_table = np.ones((rows, d)), np.ones(table.shape)
-    with mock.patch.object(_numpy_vjp, "TILE_ROWS", sub):
+    with mock.patch.object(_numpy_vjp_tiles, "TILE_ROWS", sub):
         tile_products(tile, table, first, side, d_side, d_table)
     want_side, want_table = np.ones((rows, d)), np.ones(table.shape)
     for i in range(rows):

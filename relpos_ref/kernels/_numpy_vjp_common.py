@@ -18,16 +18,8 @@ import numpy as np
 
 from ..calls import Call, computes_in_float32
 from ._numpy_blocks import distance_view
-from ._numpy_vjp import (
-    Block,
-    Term,
-    at,
-    finite,
-    skew_view,
-    sum_to,
-    tile_products,
-    tile_rows,
-)
+from ._numpy_vjp import Block, Term, at, finite, sum_to
+from ._numpy_vjp_tiles import skew_view, tile_products, tile_rows
 from ._overflow import bounded
 
 __all__ = ["VJP_KERNELS"]

@@ -20,14 +20,7 @@ from ..schemes import (
     deberta,
 )
 from ._numpy_blocks import distance_view
-from ._numpy_vjp import (
-    Block,
-    Term,
-    at,
-    backward,
-    skew_view,
-    sum_to,
-)
+from ._numpy_vjp import Block, Term, at, backward, sum_to
 from ._numpy_vjp_common import (
     _covered,
     _distances,
@@ -36,6 +29,7 @@ from ._numpy_vjp_common import (
     _register,
     _scratch,
 )
+from ._numpy_vjp_tiles import skew_view
 
 __all__: list[str] = []
 

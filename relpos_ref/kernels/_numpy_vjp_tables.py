@@ -20,14 +20,7 @@ from ..schemes import (
 )
 from ..schemes._tables import table_logits
 from ._numpy_terms import one_sided_rows
-from ._numpy_vjp import (
-    Block,
-    Term,
-    at,
-    backward,
-    band_view,
-    row_dot,
-)
+from ._numpy_vjp import Block, Term, at, backward
 from ._numpy_vjp_common import (
     _covered,
     _DistanceRows,
@@ -37,6 +30,7 @@ from ._numpy_vjp_common import (
     _register,
     _scratch,
 )
+from ._numpy_vjp_tiles import band_view, row_dot
 
 __all__: list[str] = []
 
