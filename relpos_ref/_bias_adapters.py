@@ -131,6 +131,12 @@ def swinv2_check(q, k, v, tables, *, scale, mask, causal, q_offset, options):
     return call, dict(options)
 
 
+def swinv2_rotate(q, k, *, q_offset, options):
+    # cosine attention's operands, q_hat tau and k_hat at the call's scale 1 (the same
+    # arrays without `logit_scale`): what the golden pipeline multiplies
+    return swinv2._operands(q, k, options.get("logit_scale"))[:2]
+
+
 def swinv2_terms(q, k, tables, *, q_offset, i0, j0, options, method):
     term = swinv2.swinv2_bias(tables["w1"], tables["b1"], tables["w2"],
                               options["window_height"], options["window_width"],

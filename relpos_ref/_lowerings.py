@@ -153,7 +153,9 @@ def swinv2_form(q, k, v, tables, *, call, mask, options):
                                 options["window_height"], options["window_width"],
                                 pretrained_window=options["pretrained_window"])
     scale = options["logit_scale"]
-    q2, k2, *_ = swinv2._operands(_wide(q), _wide(k), None if scale is None else _wide(scale))
+    if scale is not None and not swinv2._one_number(scale):
+        scale = _wide(scale)
+    q2, k2, *_ = swinv2._operands(_wide(q), _wide(k), scale)
     form = swin_form(q2, k2, v, {"table": table}, call=call, mask=mask, options=options)
     penalty = options["mask_penalty"]
     if mask is None or penalty is None:

@@ -298,15 +298,15 @@ _ENTRIES = (
                  Option("window_width", "window columns"),
                  Option("pretrained_window", "the window the MLP was trained at, (Ph, Pw)",
                         case_parameter=False),
-                 Option("logit_scale", "cosine attention's tau per head; None: s q.k",
-                        case_parameter=False),
+                 Option("logit_scale", "cosine attention's tau (per head, or one number); "
+                        "None: s q.k"),
                  Option("mask_penalty", "None: masked pairs left out; a number: added to "
                         "their logits (-100 Swin v2, -200 transformers)",
                         case_parameter=False)),
         grid=lambda s: s["height"] * s["width"],
         benchmark=lambda t: {"height": 32, "width": t // 32, "hidden": 512,
                              "shared": ("w1", "b1")},  # Swin v2's: Linear(512, h) alone per head
-        vjp=swinv2.swinv2_attention_vjp, show=bad.swinv2_show,
+        vjp=swinv2.swinv2_attention_vjp, show=bad.swinv2_show, rotate=bad.swinv2_rotate,
     ),
     Scheme(
         "rope", "Su et al. (2021), RoPE",

@@ -269,6 +269,14 @@ def test_goldens_equal_the_loop_reference(case):
         if case.kind == "forward":
             np.testing.assert_allclose(got["q_rotated"], x["q"], rtol=0, atol=atol)
             np.testing.assert_allclose(got["k_rotated"], x["k"], rtol=0, atol=atol)
+    if case.scheme == "swinv2" and p["logit_scale"] is not None:
+        # Liu et al. 2022, eq. 2: cos(q, k) / tau' with 1 / tau' = exp(min(logit_scale, log 100))
+        tau = np.exp(min(p["logit_scale"], np.log(100.0)))
+        for name in ("q", "k"):
+            x[name] = x[name] / np.linalg.norm(x[name], axis=-1, keepdims=True)
+        x["q"] = x["q"] * tau
+        np.testing.assert_allclose(got["q_rotated"], x["q"], rtol=0, atol=atol)
+        np.testing.assert_allclose(got["k_rotated"], x["k"], rtol=0, atol=atol)
     if case.scheme in ("transformer_xl", "deberta"):
         position = _reference_position(case, x)
         s = p["scale"] if p["scale"] is not None else 1 / np.sqrt(p["d"])

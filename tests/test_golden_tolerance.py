@@ -37,8 +37,9 @@ def _allowed(torch, case):
     return allowed
 
 
-def _bias_only(case) -> bool:
-    return "bias" in case.expected and "position" not in case.expected
+def _bias_only(case) -> bool:  # q . k plus a bias (not Swin v2's cosine attention)
+    return ("bias" in case.expected and "position" not in case.expected
+            and "q_rotated" not in case.expected)
 
 
 def torch_eager(torch, case):
@@ -103,7 +104,8 @@ def test_legitimate_16_bit_implementations_pass_with_room(sixteen):
     # the guide's evidence table
     assert worst["torch-eager"] == pytest.approx(2.23, abs=0.01)  # kerple/log-causal-end
     assert worst["torch-sdpa"] == pytest.approx(1.19, abs=0.01)  # bias/decode-step-scaled
-    assert worst["torch-every-op"] == pytest.approx(1.52, abs=0.01)  # rope/dynamic-decode
+    # swinv2/cosine-masked in bfloat16: q and k normalized in 16 bits, their cosines times 10
+    assert worst["torch-every-op"] == pytest.approx(2.00, abs=0.01)
     if "jax-every-op" in worst:
         assert worst["jax-every-op"] == pytest.approx(1.16, abs=0.01)
 

@@ -9,6 +9,8 @@ clamp at ``log 100`` stops ``tau``'s gradient.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -130,3 +132,37 @@ def test_gradients_keep_a_low_precision_dtype(name):
     for n, g in grads.items():
         assert g.dtype == np.dtype(name), n
         np.testing.assert_allclose(g.astype(np.float64), want[n], rtol=tol, atol=tol, err_msg=n)
+
+
+@pytest.mark.parametrize("tau", [2.302585092994046, np.log(100.0) + 0.5])
+@pytest.mark.parametrize("use_kernels", [False, True])
+def test_one_number_logit_scale_is_every_heads_constant(tau, use_kernels):
+    # a number is the array of it per head, forward and backward, with no gradient of its own
+    arrays, mask, d_output = _arrays(True, None, True)
+    per_head = {**arrays, "logit_scale": np.full(H, tau)}
+    with kernels.disabled() if not use_kernels else contextlib.nullcontext():
+        got = rp.swinv2_attention(*(arrays[n] for n in NAMES[:6]), window_height=WH,
+                                  window_width=WW, logit_scale=tau, mask=mask,
+                                  mask_penalty=-100.0, scale=1.0)
+        want = _forward(per_head, mask, -100.0)
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
+        grads = rp.swinv2_attention_vjp(
+            *(arrays[n] for n in NAMES[:6]), d_output=d_output, window_height=WH,
+            window_width=WW, logit_scale=tau, mask=mask, mask_penalty=-100.0)
+        expected = _vjp(per_head, mask, -100.0, d_output)
+    assert sorted(grads) == sorted(NAMES[:6])
+    for name in NAMES[:6]:
+        np.testing.assert_allclose(grads[name], expected[name], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"logit_scale": float("nan")}, ValueError, "`logit_scale` must be finite, got nan"),
+    ({"logit_scale": 2.0, "scale": 0.5}, ValueError,
+     r"`scale` must be None \(or 1, the call's\), got 0.5"),
+    ({"logit_scale": True}, TypeError, "`logit_scale` must be a number or an array, got True"),
+])
+def test_bad_logit_scale_is_named(kwargs, error, match):
+    arrays, _, _ = _arrays(False, None, False)
+    with pytest.raises(error, match=match):
+        rp.swinv2_attention(*(arrays[n] for n in NAMES[:6]), window_height=WH,
+                            window_width=WW, **kwargs)

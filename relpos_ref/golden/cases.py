@@ -356,7 +356,7 @@ def default_cases() -> CaseRegistry:
     --------
     >>> reg = default_cases()
     >>> len(reg), len({c.scheme for c in reg}), len([c for c in reg if c.kind == "decode"])
-    (372, 17, 56)
+    (376, 17, 56)
     >>> sorted({c.scheme for c in reg})[:6]
     ['absolute', 'alibi', 'bias', 'deberta', 'forgetting', 'general']
     """

@@ -104,6 +104,11 @@ def base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
         # swinv2: the MLP's table (hidden width 4), per head, masked
         ("swinv2", "masked", {"h": 2, "d": 8, "height": 2, "width": 3, "hidden": 4,
                               "per_head": True, "masked": True}),
+        # swinv2 as its models run: cosine attention, tau = 10 (logit_scale's initial log 10)
+        # for every head, masked (the -100 penalty's fully masked rows are no Swin v2 window's)
+        ("swinv2", "cosine-masked", {"h": 2, "d": 8, "height": 3, "width": 2, "hidden": 4,
+                                     "masked": True, "logit_scale": 2.302585092994046,
+                                     "scale": 1.0}),
         # rope: both pairings, partial rotation, an offset
         ("rope", "half-partial-end", {"h": 2, "t_q": 5, "t_k": 11, "d": 16, "rotary_dim": 8,
                                       "q_offset": 6, "causal": True}),

@@ -4,8 +4,9 @@ Both run the same stages, built from the library's public functions:
 
 1. the scheme's integer intermediates (``distance``, ``index``, ``valid``, ...)
    and its ``position`` term (scaled with ``q . k``) and/or ``bias`` term
-   (added after scaling); schemes that transform the queries and keys (RoPE)
-   return ``q_rotated`` and ``k_rotated``, which replace ``q`` and ``k``;
+   (added after scaling); schemes that transform the queries and keys (RoPE,
+   xPos, Swin v2's cosine attention) return ``q_rotated`` and ``k_rotated``,
+   which replace ``q`` and ``k``;
 2. ``logits = scale * (q k^T + position) + bias``, before masking;
 3. ``weights = masked_softmax(logits)`` under the mask and causality;
 4. ``output = weights v`` plus the scheme's relative-value term, if any;
@@ -109,8 +110,10 @@ def evaluate(
         sizes=entry.sizes_from(p), options=options,
     )
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
-    if entry.rotate is not None:
-        q, k = (store(x) for x in entry.rotate(q, k, q_offset=call.q_offset, options=options))
+    rotated = (None if entry.rotate is None
+               else entry.rotate(q, k, q_offset=call.q_offset, options=options))
+    if rotated is not None and (rotated[0] is not q or rotated[1] is not k):  # not Swin v2's q.k
+        q, k = (store(x) for x in rotated)
         out["q_rotated"], out["k_rotated"] = q, k
     terms = entry.terms(q, k, tables, q_offset=call.q_offset, i0=0, j0=0, options=options,
                         method=method)

@@ -31,6 +31,7 @@ code; transformers adds its mask twice: -200).
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 from .. import _xp
@@ -236,7 +237,7 @@ def swinv2_call(
 ) -> Call:
     """Validate a `swinv2_attention` call and resolve its defaults (shared with the kernels).
 
-    Cosine attention (`logit_scale` given) takes no `scale`: the call's is 1.
+    Cosine attention (`logit_scale` given) takes no `scale` (or 1): the call's is 1.
 
     Examples
     --------
@@ -247,13 +248,21 @@ def swinv2_call(
     ...             mask=None, mask_penalty=None).scale
     0.35355339059327373
     """
-    if logit_scale is not None and scale is not None:
+    one_number = _one_number(logit_scale)
+    if logit_scale is not None and not one_number and not hasattr(logit_scale, "shape"):
+        msg = (f"`logit_scale` must be a number or an array, got {logit_scale!r} "
+               f"({type(logit_scale).__name__})")
+        raise TypeError(msg)
+    if one_number and not math.isfinite(float(logit_scale)):
+        msg = f"`logit_scale` must be finite, got {logit_scale!r}"
+        raise ValueError(msg)
+    if logit_scale is not None and scale is not None and as_float("scale", scale) != 1.0:
         msg = ("cosine attention (`logit_scale` given) is scaled by exp(min(logit_scale, "
-               f"log 100)): `scale` must be None, got {scale!r}")
+               f"log 100)): `scale` must be None (or 1, the call's), got {scale!r}")
         raise ValueError(msg)
     call = resolve_call(
         q, k, v, scale=1.0 if logit_scale is not None else scale, mask=mask, causal=False,
-        q_offset=0, defaults=DEFAULTS, tables=(w1, b1, w2, logit_scale),
+        q_offset=0, defaults=DEFAULTS, tables=(w1, b1, w2, None if one_number else logit_scale),
     )
     heads = _check_mlp(w1, b1, w2)
     wh = positive_int("window_height", window_height)
@@ -268,16 +277,22 @@ def swinv2_call(
     if heads not in (None, 1, h):
         msg = f"the MLP has {heads} heads, `q` has {h} on axis -3 (shape {tuple(q.shape)})"
         raise ValueError(msg)
-    if logit_scale is not None and (
+    if logit_scale is not None and not one_number and (
         not hasattr(logit_scale, "shape") or logit_scale.ndim > 1
         or (logit_scale.ndim == 1 and logit_scale.shape[0] not in (1, h))
     ):
-        msg = (f"`logit_scale` must be an array of shape () or ({h},) (one per head), got "
+        msg = (f"`logit_scale` must be a number (every head's) or an array of shape () or "
+               f"({h},) (one per head), got "
                f"{getattr(logit_scale, 'shape', logit_scale)!r}")
         raise ValueError(msg)
     if mask_penalty is not None:
         as_float("mask_penalty", mask_penalty)
     return call
+
+
+def _one_number(x: Any) -> bool:
+    # `logit_scale` given as one number (every head's), not an array
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def _operands(q: Any, k: Any, logit_scale: Any) -> tuple[Any, Any, Any, Any, Any]:
@@ -288,6 +303,9 @@ def _operands(q: Any, k: Any, logit_scale: Any) -> tuple[Any, Any, Any, Any, Any
     floor = xp.asarray(_EPS, dtype=q.dtype, device=_xp.device(q))
     q_hat, k_hat = (x / xp.maximum(xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True)), floor)
                     for x in (q, k))  # no linalg extension needed
+    if _one_number(logit_scale):  # every head's: a constant, as torch's clamp then exp of it
+        tau = math.exp(min(float(logit_scale), MAX_LOGIT_SCALE))
+        return q_hat * tau, k_hat, q_hat, k_hat, tau
     tau = xp.exp(xp.minimum(logit_scale, xp.asarray(MAX_LOGIT_SCALE, dtype=logit_scale.dtype,
                                                     device=_xp.device(q))))
     tau = xp.reshape(tau, (*tau.shape, 1, 1))
@@ -327,8 +345,9 @@ def swinv2_attention(
     window_height, window_width : int
     pretrained_window : pair of int, optional
         As in `swinv2_coordinates`.
-    logit_scale : floating array ``()`` or ``(h,)``, optional
-        Cosine attention's ``τ`` (transformers' ``logit_scale`` reshaped); ``None``:
+    logit_scale : floating array ``()`` or ``(h,)``, or a number, optional
+        Cosine attention's ``τ`` (transformers' ``logit_scale`` reshaped), or one
+        number for every head (a constant: it gets no gradient); ``None``:
         ``s q . k``.
     scale, mask, return_weights
         As in `relpos_ref.attention`; `mask` is boolean (``True`` = may attend).
@@ -396,7 +415,7 @@ def swinv2_attention_vjp(
     -------
     dict
         The gradient with respect to ``q``, ``k``, ``v``, ``w1``, ``b1``, ``w2`` (and
-        ``logit_scale`` when given), each of its argument's shape and dtype.
+        ``logit_scale`` when given as an array), each of its argument's shape and dtype.
 
     Examples
     --------
@@ -439,6 +458,9 @@ def swinv2_attention_vjp(
     }
     if logit_scale is None:  # in the order of the arguments, as the kernels give them
         return {"q": sum_to_shape(core.dq, q.shape), "k": sum_to_shape(core.dk, k.shape), **out}
+    if _one_number(logit_scale):  # a constant: no gradient of its own
+        return {"q": sum_to_shape(_normalize_vjp(xp, q, q_hat, core.dq * tau), q.shape),
+                "k": sum_to_shape(_normalize_vjp(xp, k, k_hat, core.dk), k.shape), **out}
     d_tau = xp.sum(core.dq * q_hat, axis=(-2, -1))  # (..., h)
     below = logit_scale <= MAX_LOGIT_SCALE  # torch.clamp(max=) passes the gradient at the max
     d_log = xp.where(below, sum_to_shape(d_tau * tau[..., 0, 0], logit_scale.shape),
