@@ -147,7 +147,8 @@ def fire_inputs(
         Position of query 0 (0 here, the first queries).
     xp : namespace
     dtype, device : optional
-        Of the result (default floating dtype; `c`'s where it is an array).
+        Of the result (default: `c`'s or `L`'s where an array, else the
+        default floating dtype and device).
         Computed in float64 where the device has it, rounded once.
 
     Returns
@@ -170,8 +171,10 @@ def fire_inputs(
     _check_scalar("L", L)
     eps = as_float("eps", eps)
     xp = _xp.check_namespace(xp)
+    given = [x for x in (c, L) if hasattr(x, "dtype")]
+    if device is None and given:
+        device = _xp.device(given[0])
     if dtype is None:
-        given = [x for x in (c, L) if hasattr(x, "dtype")]
         dtype = given[0].dtype if given else xp.asarray(0.0, device=device).dtype
     wide = _wide(xp, dtype, device, t_q, t_k, q_offset)
     return xp.astype(_parts(xp, t_q, t_k, c, L, eps, q_offset, wide, device)["x"], dtype)
@@ -374,6 +377,11 @@ def fire_attention(
                      q_offset=call.q_offset, bias=bias, return_weights=return_weights)
 
 
+def _total(xp: Any, x: Any) -> Any:
+    # the sum of a (t_q, t_k) array as an array of shape () (NumPy's sum gives a scalar)
+    return xp.reshape(xp.sum(x, axis=(0, 1), keepdims=True), ())
+
+
 def _parameter_gradients(xp: Any, parts: dict[str, Any], d_x: Any, c: Any,
                          L: Any) -> tuple[Any, Any]:
     # dx/dc and dx/dL, summed against d_x (all in the wide dtype): scalars
@@ -384,13 +392,13 @@ def _parameter_gradients(xp: Any, parts: dict[str, Any], d_x: Any, c: Any,
     sign_l = xp.sign(_scalar(xp, L, dtype, dev))
     da = sign_c * dist / (u * dist + 1.0)
     dn = sign_c * m / (u * m + 1.0)  # (t_q,)
-    d_c = xp.sum(d_x * (da / n - a * dn[:, None] / (n * n)))
+    d_c = _total(xp, d_x * (da / n - a * dn[:, None] / (n * n)))
     big_l, p = parts["big_l"], parts["p"]
     half = xp.asarray(0.5, dtype=dtype, device=dev)
     one, zero = xp.ones_like(half), xp.zeros_like(half)
     through = xp.where(big_l > p, one, xp.where(big_l == p, half, zero))  # torch.maximum's
     dn_l = sign_l * through * u / (u * m + 1.0)
-    d_l = xp.sum(d_x * (-a * dn_l[:, None] / (n * n)))
+    d_l = _total(xp, d_x * (-a * dn_l[:, None] / (n * n)))
     return d_c, d_l
 
 
