@@ -167,6 +167,8 @@ def calls(draw, scheme, dtypes=("float32", "float64"), longest=9, heads=None):
         kwargs["scale"] = None
         shape = draw(st.sampled_from([(), (heads,)]))
         kwargs["logit_scale"] = np.asarray(rng.random(shape) * 6, dtype=dtype)
+    if scheme == "fire" and draw(st.booleans()):  # the output layer's bias, per head or one
+        kwargs["b2"] = np.asarray(normal(*draw(st.sampled_from([(heads,), (), (1,)]))))
     if scheme == "forgetting":  # causal only
         kwargs["causal"] = draw(st.sampled_from([None, True]))
     elif scheme not in ("swin", "swinv2"):

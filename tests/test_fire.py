@@ -28,11 +28,12 @@ from relpos_ref import kernels
 
 
 def _mlp(rng, heads, m=5, per_head=False, dtype="float64"):
+    """w1, b1, w2 (a head axis on each, or the paper's shared hidden layer) and b2."""
     h = (heads,) if per_head else ()
     w1, b1 = rng.standard_normal((*h, m, 1)), rng.standard_normal((*h, m))
     w2 = rng.standard_normal((heads, m))
     b2 = rng.standard_normal((heads, 1) if per_head else (heads,))
-    return tuple(x.astype(dtype) for x in (w1, b1, w2, b2))
+    return tuple(x.astype(dtype) for x in (w1, b1, w2)), b2.astype(dtype)
 
 
 def loop_bias(mlp, heads, t_q, t_k, q_offset, **params):
@@ -69,9 +70,9 @@ PARAMS = st.fixed_dictionaries({
        heads=st.integers(1, 3), per_head=st.booleans(), params=PARAMS,
        seed=st.integers(0, 2**16))
 def test_the_bias_is_the_loop_definition(t_q, t_k, q_offset, heads, per_head, params, seed):
-    mlp = _mlp(np.random.default_rng(seed), heads, per_head=per_head)
-    got = rp.fire_bias(*mlp, t_q, t_k, q_offset=q_offset, **params)
-    np.testing.assert_allclose(got, loop_bias(mlp, heads, t_q, t_k, q_offset, **params),
+    mlp, b2 = _mlp(np.random.default_rng(seed), heads, per_head=per_head)
+    got = rp.fire_bias(*mlp, t_q, t_k, b2=b2, q_offset=q_offset, **params)
+    np.testing.assert_allclose(got, loop_bias(mlp, heads, t_q, t_k, q_offset, b2=b2, **params),
                                rtol=1e-12, atol=1e-12)
 
 
@@ -79,7 +80,7 @@ def test_the_bias_is_the_loop_definition(t_q, t_k, q_offset, heads, per_head, pa
 def test_attention_equals_the_loop_definition_on_every_backend(backend, causal):
     rng = np.random.default_rng(3)
     t_q, t_k, q_offset, params = 4, 11, 7, {"c": 0.4, "L": 8.0, "eps": 1e-6}
-    mlp = _mlp(rng, 2)
+    mlp, b2 = _mlp(rng, 2)
     q, k, v = (rng.standard_normal((2, t, 4)) for t in (t_q, t_k, t_k))
     mask = rng.random((t_q, t_k)) < 0.8
     want = loop_attention(q, k, v, loop_bias(mlp, 2, t_q, t_k, q_offset, **params), q_offset,
@@ -88,12 +89,16 @@ def test_attention_equals_the_loop_definition_on_every_backend(backend, causal):
     got = rp.fire_attention(a(q), a(k), a(v), *map(a, mlp), mask=a(mask), causal=causal,
                             q_offset=q_offset, **params)
     np.testing.assert_allclose(backend.to_numpy(got), want, rtol=1e-10, atol=1e-12)
+    # b2 is in the bias, never in the weights: the output is the same with it
+    got = rp.fire_attention(a(q), a(k), a(v), *map(a, mlp), b2=a(b2), mask=a(mask),
+                            causal=causal, q_offset=q_offset, **params)
+    np.testing.assert_allclose(backend.to_numpy(got), want, rtol=1e-10, atol=1e-12)
 
 
 def test_the_normaliser_reads_the_absolute_query_position():
     # a query at position p has the same row alone (q_offset = p) as inside a longer call,
     # before and beyond L; and that row is not the row of the same distances at another p
-    mlp = _mlp(np.random.default_rng(0), 2)
+    mlp, _ = _mlp(np.random.default_rng(0), 2)
     full = rp.fire_bias(*mlp, 20, 20, L=8.0, c=1.0)
     for p in (3, 8, 15, 19):
         np.testing.assert_array_equal(rp.fire_bias(*mlp, 1, 20, L=8.0, c=1.0, q_offset=p)[:, 0],
@@ -125,22 +130,24 @@ def _finite_differences(loss, x, eps=1e-6):
                          [(3.5, False, True), (-5.5, True, False), (100.0, False, True)])
 def test_vjp_equals_finite_differences(big_l, per_head, causal):
     rng = np.random.default_rng(5)
-    w1, b1, w2, b2 = _mlp(rng, 2, m=4, per_head=per_head)
+    (w1, b1, w2), b2 = _mlp(rng, 2, m=4, per_head=per_head)
     q, k, v = (rng.standard_normal((2, 2, t, 3)) for t in (4, 9, 9))
     mask = rng.random((4, 9)) < 0.8
     d_out = rng.standard_normal((2, 2, 4, 3))
     kw = {"mask": mask, "causal": causal, "q_offset": 2, "scale": 0.7, "eps": 0.01}
     args = {"q": q, "k": k, "v": v, "w1": w1, "b1": b1, "w2": w2, "b2": b2,
             "c": np.asarray(-0.3), "L": np.asarray(big_l)}
-    order = ("q", "k", "v", "w1", "b1", "w2", "b2")
+    order = ("q", "k", "v", "w1", "b1", "w2")
     with kernels.disabled():
-        grads = rp.fire_attention_vjp(*(args[n] for n in order), c=args["c"], L=args["L"],
-                                      d_output=d_out, **kw)
+        grads = rp.fire_attention_vjp(*(args[n] for n in order), b2=b2, c=args["c"],
+                                      L=args["L"], d_output=d_out, **kw)
+        assert not np.any(grads["b2"])  # exactly 0
         for name in args:
             def loss(x, name=name):
                 call = {**args, name: x}
                 return float(np.sum(rp.fire_attention(
-                    *(call[n] for n in order), c=call["c"], L=call["L"], **kw) * d_out))
+                    *(call[n] for n in order), b2=call["b2"], c=call["c"], L=call["L"],
+                    **kw) * d_out))
             np.testing.assert_allclose(grads[name], _finite_differences(loss, args[name]),
                                        rtol=1e-6, atol=1e-8, err_msg=name)
 
@@ -148,12 +155,12 @@ def test_vjp_equals_finite_differences(big_l, per_head, causal):
 def test_vjp_at_a_tie_halves_as_torch_maximum():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(7)
-    mlp = _mlp(rng, 2)
+    mlp, _ = _mlp(rng, 2)
     q, k, v = (rng.standard_normal((2, t, 4)) for t in (6, 6, 6))
     d_out = rng.standard_normal((2, 6, 4))
-    args = {"q": q, "k": k, "v": v, "w1": mlp[0], "b1": mlp[1], "w2": mlp[2], "b2": mlp[3],
+    args = {"q": q, "k": k, "v": v, "w1": mlp[0], "b1": mlp[1], "w2": mlp[2],
             "c": np.asarray(0.8), "L": np.asarray(3.0)}  # position 3 ties
-    order = ("q", "k", "v", "w1", "b1", "w2", "b2")
+    order = ("q", "k", "v", "w1", "b1", "w2")
     with kernels.disabled():
         grads = rp.fire_attention_vjp(*(args[n] for n in order), c=args["c"], L=args["L"],
                                       d_output=d_out)
@@ -178,9 +185,11 @@ def _calls(draw):
     heads, t_q, t_k = draw(st.integers(1, 3)), draw(st.integers(0, 6)), draw(st.integers(0, 7))
     lead = draw(st.sampled_from([(heads,), (2, heads)]))
     q, k, v = (rng.standard_normal((*lead, t, 4)).astype(dtype) for t in (t_q, t_k, t_k))
-    mlp = _mlp(rng, heads, m=draw(st.sampled_from([1, 4])), per_head=draw(st.booleans()),
-               dtype=dtype)
+    mlp, b2 = _mlp(rng, heads, m=draw(st.sampled_from([1, 4])), per_head=draw(st.booleans()),
+                   dtype=dtype)
     params = draw(PARAMS)
+    if draw(st.booleans()):
+        params["b2"] = b2
     if draw(st.booleans()):
         params = {**params, "c": np.asarray(params["c"], dtype=dtype),
                   "L": np.asarray(params["L"], dtype=dtype)}
@@ -227,7 +236,7 @@ def test_decode_against_a_cache_equals_the_full_call(library):
     rng = np.random.default_rng(11)
     t = 20  # beyond L = 8: the normaliser changes as the cache grows
     q, k, v = (rng.standard_normal((2, t, 4)) for _ in range(3))
-    mlp = _mlp(rng, 2)
+    mlp, _ = _mlp(rng, 2)
     if library == "torch":
         torch = pytest.importorskip("torch")
         q, k, v = (torch.from_numpy(x) for x in (q, k, v))
@@ -243,6 +252,7 @@ def test_decode_against_a_cache_equals_the_full_call(library):
     ({"w1": np.zeros((4, 2))}, "the MLP needs `w1` (m, 1)"),
     ({"b2": np.zeros((2, 3))}, "the MLP needs"),
     ({"w2": np.zeros((3, 4)), "b2": np.zeros(3)}, "the MLP has 3 heads, `q` has 2"),
+    ({"b2": np.zeros(3)}, "the head axes of `w1`, `b1`, `w2`, `b2` must agree, got [2, 3]"),
     ({"c": np.zeros(2)}, "`c` must be a number or an array of shape ()"),
     ({"L": "far"}, "`L`"),
     ({"eps": "small"}, "`eps`"),
@@ -253,6 +263,6 @@ def test_bad_calls_name_the_parameter(change, needle):
     call = {"w1": np.zeros((4, 1)), "b1": np.zeros(4), "w2": np.zeros((2, 4)), "b2": np.zeros(2),
             "c": 0.1, "L": 512.0, "eps": 1e-6, **change}
     with pytest.raises((ValueError, TypeError)) as info:
-        rp.fire_attention(q, q, q, call["w1"], call["b1"], call["w2"], call["b2"], c=call["c"],
-                          L=call["L"], eps=call["eps"])
+        rp.fire_attention(q, q, q, call["w1"], call["b1"], call["w2"], b2=call["b2"],
+                          c=call["c"], L=call["L"], eps=call["eps"])
     assert needle in str(info.value)

@@ -117,6 +117,9 @@ def _call(case: Case) -> tuple[list[str], list[np.ndarray], dict[str, Any], np.n
     if entry.name == "fire":  # FIRE's learned c and L (ties |L| = p_i included)
         names += ["c", "L"]
         values += [np.asarray(kwargs.pop("c")), np.asarray(kwargs.pop("L"))]
+        if case.seed % 2 == 0:  # the output layer's bias: its gradient is 0
+            names.append("b2")
+            values.append(np.linspace(-1.0, 1.0, p["h"]))
     if entry.name == "swinv2" and case.seed % 2 == 0:  # cosine attention: tau per head
         names.append("logit_scale")
         values.append(np.linspace(1.0, 5.5, p["h"]))  # 5.5: above the clamp, log 100
@@ -132,7 +135,7 @@ def _split(case: Case, names: list[str], values: list[Any]) -> tuple[list[Any], 
     tables = [by_name.get(t.name) for t in case.entry.tables]
     while tables and tables[-1] is None:
         tables.pop()
-    keywords = {n: by_name[n] for n in ("slopes", "r1", "r2", "logit_scale", "c", "L")
+    keywords = {n: by_name[n] for n in ("slopes", "r1", "r2", "logit_scale", "b2", "c", "L")
                 if n in by_name}
     return [by_name["q"], by_name["k"], by_name["v"], *tables], keywords
 

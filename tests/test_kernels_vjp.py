@@ -175,6 +175,8 @@ def vjp_calls(draw, scheme):
         kwargs["slopes"] = (rng.random(heads) + 0.1).astype(dtype)
     if scheme == "fire" and draw(st.booleans()):  # c and L as arrays of the call's dtype
         kwargs.update({n: np.asarray(kwargs[n], dtype=dtype) for n in ("c", "L")})
+    if scheme == "fire" and draw(st.booleans()):  # the output layer's bias
+        kwargs["b2"] = normal(heads)
     return (q, k, v, *tables), kwargs
 
 

@@ -107,11 +107,12 @@ def _peer(init_l, *, c=0.1, seed=0):
 
 def _tables(module):
     first, last = module.mlp[0], module.mlp[2]
-    return first.weight, first.bias, last.weight, last.bias  # (m, 1), (m,), (H, m), (H,)
+    return first.weight, first.bias, last.weight  # (m, 1), (m,), (H, m)
 
 
 def _ours(module):
-    return {"c": module.c, "L": module.L_multiplier * module.init_L, "eps": module.eps}
+    return {"b2": module.mlp[2].bias, "c": module.c, "L": module.L_multiplier * module.init_L,
+            "eps": module.eps}
 
 
 def _peer_attention(bias, q, k, v):
@@ -142,7 +143,8 @@ def test_the_port_as_it_is_in_float32_within_its_rounding():
     with torch.no_grad():
         want = module(20, "cpu")[0].double()
         got = rp.fire_bias(*(p.double() for p in _tables(module)), 20, 20,
-                           c=module.c.double(), L=8.0, eps=module.eps)
+                           b2=module.mlp[2].bias.double(), c=module.c.double(), L=8.0,
+                           eps=module.eps)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
 
@@ -178,7 +180,8 @@ def test_gradients_equal_autograd_through_the_port(init_l, t):
     with torch.no_grad(), kernels.disabled():
         got = rp.fire_attention_vjp(q.detach(), k.detach(), v.detach(),
                                     *(p.detach() for p in _tables(module)),
-                                    d_output=d_out, c=module.c.detach(),
+                                    d_output=d_out, b2=module.mlp[2].bias.detach(),
+                                    c=module.c.detach(),
                                     L=(module.L_multiplier * module.init_L).detach(),
                                     eps=module.eps)
     first, last = module.mlp[0], module.mlp[2]
