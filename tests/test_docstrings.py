@@ -44,6 +44,7 @@ MODULES = [
     "relpos_ref.schemes.rope",
     "relpos_ref.schemes.transformer_xl",
     "relpos_ref.schemes.deberta",
+    "relpos_ref.schemes.fire",
     "relpos_ref.schemes._tables",
     "relpos_ref.blocked",
     "relpos_ref.golden",
