@@ -266,3 +266,14 @@ def test_bad_calls_name_the_parameter(change, needle):
         rp.fire_attention(q, q, q, call["w1"], call["b1"], call["w2"], b2=call["b2"],
                           c=call["c"], L=call["L"], eps=call["eps"])
     assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_the_mlp_by_blocks_of_rows_is_the_whole_evaluation_bit_for_bit(monkeypatch, per_head):
+    from relpos_ref.schemes import _fire_mlp
+
+    mlp, b2 = _mlp(np.random.default_rng(9), 3, m=4, per_head=per_head)
+    whole = rp.fire_bias(*mlp, 7, 9, b2=b2, L=3.0, c=0.7, q_offset=2)
+    monkeypatch.setattr(_fire_mlp, "HIDDEN_ENTRIES", 50)  # blocks of one or two rows
+    np.testing.assert_array_equal(rp.fire_bias(*mlp, 7, 9, b2=b2, L=3.0, c=0.7, q_offset=2),
+                                  whole)

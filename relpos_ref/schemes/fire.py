@@ -64,6 +64,7 @@ from .._validate import as_float, as_int, nonnegative_int
 from ..attention import attention
 from ..calls import Call, Defaults, computes_in_float32, resolve_call
 from ..gradients import check_d_output, core_vjp, forward, sum_to_shape
+from ._fire_mlp import _check_mlp, _mlp, _tables, mlp_output
 
 __all__ = [
     "DEFAULTS",
@@ -182,61 +183,6 @@ def fire_inputs(
     return xp.astype(_parts(xp, t_q, t_k, c, L, eps, q_offset, wide, device)["x"], dtype)
 
 
-def _check_mlp(w1: Any, b1: Any, w2: Any, b2: Any) -> int | None:
-    # the MLP's shapes; the head count (None: no head axis on any table)
-    ranks = {"w1": (1, 2, 3), "b1": (1, 2), "w2": (1, 2), "b2": (0, 1, 2)}
-    named = {"w1": w1, "b1": b1, "w2": w2, **({} if b2 is None else {"b2": b2})}
-    for name, x in named.items():
-        if not hasattr(x, "shape") or x.ndim not in ranks[name]:
-            msg = (f"`{name}` must be an array of {' or '.join(map(str, ranks[name]))} "
-                   f"dimensions, got {getattr(x, 'shape', type(x).__name__)}")
-            raise ValueError(msg)
-    xp = _xp.array_namespace(*named.values())
-    for name, x in named.items():
-        _xp.check_floating(xp, name, x)
-    m = w1.shape[0] if w1.ndim == 1 else w1.shape[-2]
-    if (w1.ndim > 1 and w1.shape[-1] != 1) or b1.shape[-1] != m or w2.shape[-1] != m or (
-            b2 is not None and b2.ndim == 2 and b2.shape[-1] != 1):
-        shown = ", ".join(f"`{n}` {tuple(x.shape)}" for n, x in named.items())
-        msg = ("the MLP needs `w1` (m, 1), `b1` (m,), `w2` (H, m) and `b2` (H,) (w1 (H, m, 1), "
-               f"b1 (H, m), b2 (H, 1) for one MLP per head), got {shown}")
-        raise ValueError(msg)
-    heads = [x.shape[0] for x, r in ((w1, 3), (b1, 2), (w2, 2), (b2, 2))
-             if x is not None and x.ndim == r]
-    if b2 is not None and b2.ndim == 1 and b2.shape[0] != 1:
-        heads.append(b2.shape[0])
-    if len(set(heads) - {1}) > 1:
-        msg = f"the head axes of `w1`, `b1`, `w2`, `b2` must agree, got {sorted(set(heads))}"
-        raise ValueError(msg)
-    return max(heads) if heads else None
-
-
-def _tables(w1: Any, b1: Any, w2: Any, b2: Any) -> tuple[Any, Any, Any, Any]:
-    # each with a head axis (1 or H): W1 (H1, m), B1 (H1', m), W2 (H2, m), B2 (H2',)
-    xp = _xp.array_namespace(w1)
-    if b2 is None:
-        b2 = xp.zeros((), dtype=w1.dtype, device=_xp.device(w1))
-    m = w1.shape[-2] if w1.ndim > 1 else w1.shape[0]
-    w1 = xp.reshape(w1, (-1, m))
-    b1 = xp.reshape(b1, (-1, m))
-    w2 = xp.reshape(w2, (-1, m))
-    b2 = xp.reshape(b2, (-1,))
-    return w1, b1, w2, b2
-
-
-def _mlp(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> tuple[Any, Any, Any]:
-    # pre-activation (H', t_q, t_k, m), hidden layer, output (H, t_q, t_k)
-    xp = _xp.array_namespace(x)
-    w1, b1, w2, b2 = _tables(w1, b1, w2, b2)
-    pre = x[None, :, :, None] * w1[:, None, None, :] + b1[:, None, None, :]
-    hidden = xp.maximum(pre, xp.zeros((), dtype=pre.dtype, device=_xp.device(pre)))
-    if hidden.shape[0] == 1:  # the paper's shared hidden layer: one product for every head
-        out = xp.permute_dims(xp.matmul(hidden[0, ...], xp.matrix_transpose(w2)), (2, 0, 1))
-    else:
-        out = xp.sum(hidden * w2[:, None, None, :], axis=-1)
-    return pre, hidden, out + b2[:, None, None]
-
-
 def fire_tile(
     w1: Any, b1: Any, w2: Any, /, t_q: int, t_k: int, *, b2: Any = None, c: Any, L: Any,
     eps: float, q_offset: int, j0: int = 0,
@@ -257,7 +203,7 @@ def fire_tile(
     dev = _xp.device(w1)
     wide = _wide(xp, w1.dtype, dev, t_q, t_k + j0, q_offset)
     x = _parts(xp, t_q, t_k, c, L, eps, q_offset, wide, dev, j0)["x"]
-    out = _mlp(xp.astype(x, w1.dtype), w1, b1, w2, b2)[2]
+    out = mlp_output(xp.astype(x, w1.dtype), w1, b1, w2, b2)
     return out if _check_mlp(w1, b1, w2, b2) is not None else out[0, ...]
 
 
@@ -298,7 +244,7 @@ def fire_bias(
     _xp.check_same_dtype(w1=w1, b1=b1, w2=w2, **({} if b2 is None else {"b2": b2}))
     x = fire_inputs(t_q, t_k, c=c, L=L, eps=eps, q_offset=q_offset, xp=xp, dtype=w1.dtype,
                     device=_xp.device(w1))
-    out = _mlp(x, w1, b1, w2, b2)[2]
+    out = mlp_output(x, w1, b1, w2, b2)
     return out if heads is not None else out[0, ...]
 
 
