@@ -58,6 +58,8 @@ from .schemes import (
     deberta_index,
     deberta_logits,
     deberta_rows,
+    fire_bias,
+    fire_inputs,
     forgetting_bias,
     forgetting_cumsum,
     general_index,
@@ -105,6 +107,7 @@ absolute_attention = _dispatched("absolute", _schemes.absolute_attention)
 alibi_attention = _dispatched("alibi", _schemes.alibi_attention)
 bias_attention = _dispatched("bias", _schemes.bias_attention)
 deberta_attention = _dispatched("deberta", _schemes.deberta_attention)
+fire_attention = _dispatched("fire", _schemes.fire_attention)
 forgetting_attention = _dispatched("forgetting", _schemes.forgetting_attention)
 general_attention = _dispatched("general", _schemes.general_attention)
 grid2d_attention = _dispatched("grid2d", _schemes.grid2d_attention)
@@ -124,6 +127,7 @@ absolute_attention_vjp = _dispatched("absolute", _schemes.absolute_attention_vjp
 alibi_attention_vjp = _dispatched("alibi", _schemes.alibi_attention_vjp, vjp=True)
 bias_attention_vjp = _dispatched("bias", _schemes.bias_attention_vjp, vjp=True)
 deberta_attention_vjp = _dispatched("deberta", _schemes.deberta_attention_vjp, vjp=True)
+fire_attention_vjp = _dispatched("fire", _schemes.fire_attention_vjp, vjp=True)
 forgetting_attention_vjp = _dispatched("forgetting", _schemes.forgetting_attention_vjp,
                                        vjp=True)
 general_attention_vjp = _dispatched("general", _schemes.general_attention_vjp, vjp=True)
@@ -196,6 +200,10 @@ __all__ = [
     "deberta_rows",
     "default_scale",
     "distance_range",
+    "fire_attention",
+    "fire_attention_vjp",
+    "fire_bias",
+    "fire_inputs",
     "forgetting_attention",
     "forgetting_attention_vjp",
     "forgetting_bias",

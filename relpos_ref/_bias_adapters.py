@@ -1,6 +1,6 @@
 """The catalog's adapters (`relpos_ref._adapters`) of the extrapolation biases.
 
-KERPLE, Sandwich, the forgetting bias (FoX) and Swin v2's continuous position bias.
+KERPLE, Sandwich, the forgetting bias (FoX), FIRE and Swin v2's continuous position bias.
 
 Each has the signatures `relpos_ref._adapters` describes: ``check``,
 ``terms`` and, for ``relpos-ref show``, the lines printed after the
@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _xp
 from ._adapters import Terms
-from .schemes import forgetting, kerple, sandwich, swinv2
+from .schemes import fire, forgetting, kerple, sandwich, swinv2
 from .schemes.alibi import alibi_slopes
 
 #: Heads whose bias ``relpos-ref show`` prints (the defaults of an 8-head model).
@@ -155,3 +155,36 @@ def swinv2_show(*, t_q, t_k, q_offset, options):
     rows.append("  dx: " + " ".join(f"{x:+.4f}" for x in c[: 2 * ww - 1, 1]))
     rows.append("bias = 16 sigmoid(Linear(m, h)(relu(Linear(2, m)([c(dy), c(dx)])))), in (0, 16)")
     return rows
+
+
+# -- FIRE -------------------------------------------------------------------------------
+
+
+def fire_check(q, k, v, tables, *, scale, mask, causal, q_offset, options):
+    call = fire.fire_call(q, k, v, *(tables[n] for n in fire.TABLES), scale=scale, mask=mask,
+                          causal=causal, q_offset=q_offset, **options)
+    # c and L as arrays of the call's dtype: the specification returns their gradients,
+    # given or not, and so do the kernels (they differentiate the array options)
+    xp, dev = call.xp, _xp.device(q)
+    scalars = {n: options[n] if hasattr(options[n], "shape") else
+               xp.asarray(float(options[n]), dtype=q.dtype, device=dev) for n in ("c", "L")}
+    return call, {**options, **scalars}
+
+
+def fire_terms(q, k, tables, *, q_offset, i0, j0, options, method):
+    # the normaliser reads the query's absolute position: the tile's queries at q_offset + i0
+    return Terms(bias=fire.fire_tile(*(tables[n] for n in fire.TABLES), q.shape[-2],
+                                     k.shape[-2], q_offset=q_offset + i0, j0=j0, **options))
+
+
+def fire_show(*, t_q, t_k, q_offset, options):
+    """Lines of ``relpos-ref show fire``: the MLP's input of each pair, and the rule."""
+    c, big_l = options.get("c", 0.1), options.get("L", 512.0)
+    eps = options.get("eps", fire.EPS)
+    x = np.asarray(fire.fire_inputs(t_q, t_k, c=c, L=big_l, eps=eps, q_offset=q_offset,
+                                    xp=np, dtype=np.float64))
+    lines = ["b_hij = MLP_h(x_ij), x_ij = log(|c (p_i - j)| + 1) / (log(|c| max(|L|, p_i) + 1) "
+             "+ eps), p_i = i + q_offset: the query's absolute position normalises",
+             f"x for c = {c:g}, L = {big_l:g}, eps = {eps:g} (rows: queries at {q_offset} ..)"]
+    lines += ["  " + " ".join(f"{v + 0.0:8.4f}" for v in row) for row in x]
+    return lines

@@ -29,6 +29,7 @@ from .positions import grid_positions
 from .schemes import (
     alibi,
     deberta,
+    fire,
     forgetting,
     general,
     kerple,
@@ -215,6 +216,15 @@ def forgetting_form(q, k, v, tables, *, call, mask, options):
     return DistanceForm(q, k, v, call, mask, dense=(None, bias))
 
 
+def fire_form(q, k, v, tables, *, call, mask, options):
+    # the normaliser psi(max(|L|, i + q_offset)) reads the query's absolute position: the
+    # bias is no function of the distance alone, so it is dense, the specification's
+    mlp = [_wide(tables[n]) for n in fire.TABLES]
+    given = {n: _wide(x) if hasattr(x, "shape") else x for n, x in options.items()}
+    bias = fire.fire_bias(*mlp, call.t_q, call.t_k, q_offset=call.q_offset, **given)
+    return DistanceForm(q, k, v, call, mask, dense=(None, bias))
+
+
 def rope_form(q, k, v, tables, *, call, mask, options):
     q, k = _wide(q), _wide(k)
     from ._rope_adapters import rope_rotate
@@ -273,6 +283,7 @@ LOWERINGS = {
     "kerple": kerple_form,
     "sandwich": sandwich_form,
     "forgetting": forgetting_form,
+    "fire": fire_form,
     "swin": swin_form,
     "swinv2": swinv2_form,
     "rope": rope_form,

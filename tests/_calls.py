@@ -123,6 +123,11 @@ def _lengths(draw, scheme, longest=9):
         options["max_position"] = draw(st.sampled_from([None, 2 * sizes["span"] + 3]))
     elif scheme == "absolute":
         sizes["rows"] = t_k + draw(st.integers(0, 3))
+    elif scheme == "fire":  # thresholds below, at and above the positions; c of either sign
+        sizes["hidden"] = draw(st.sampled_from([1, 5]))
+        options["c"] = draw(st.sampled_from([0.1, -0.7, 0.0, 2.0]))
+        options["L"] = draw(st.sampled_from([512.0, 3.0, 4.0, -2.0, 0.0]))
+        options["eps"] = draw(st.sampled_from([1e-6, 0.5]))
     elif scheme == "forgetting":  # a gate per key (or a few more); every query has its own
         sizes["T"] = t_k + draw(st.sampled_from([0, 0, 2]))
         q_offset = draw(st.sampled_from([t_k - t_q, min(q_offset, sizes["T"] - t_q)]))
@@ -162,6 +167,8 @@ def calls(draw, scheme, dtypes=("float32", "float64"), longest=9, heads=None):
         kwargs["scale"] = None
         shape = draw(st.sampled_from([(), (heads,)]))
         kwargs["logit_scale"] = np.asarray(rng.random(shape) * 6, dtype=dtype)
+    if scheme == "fire" and draw(st.booleans()):  # the output layer's bias, per head or one
+        kwargs["b2"] = np.asarray(normal(*draw(st.sampled_from([(heads,), (), (1,)]))))
     if scheme == "forgetting":  # causal only
         kwargs["causal"] = draw(st.sampled_from([None, True]))
     elif scheme not in ("swin", "swinv2"):

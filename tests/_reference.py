@@ -710,3 +710,32 @@ def forgetting_value(f, p_i, j):
         x = float(f[t])
         terms.append(-math.log1p(math.exp(-x)) if x > -30 else x - math.log1p(math.exp(x)))
     return math.fsum(terms)
+
+
+def fire_value(w1, b1, w2, head, p_i, j, *, b2=None, c=0.1, L=512.0, eps=1e-6):
+    """FIRE's bias (Li et al. 2023, eq. for ``b(i, j)``) of the query at position `p_i`, key `j`.
+
+    ``f_theta(psi(i - j) / psi(max(L, i)))`` with ``psi(x) = log(c x + 1)``, in
+    Python floats: ``c`` and ``L`` through their absolute values and the
+    distance through ``|i - j|`` (the appendix's code: ``abs(c * x)``,
+    ``abs(L)``), ``eps`` added to the normaliser after its log, and the MLP
+    ``w2 . relu(w1 x + b1) + b2`` read per head (one MLP per head when the
+    tables have a head axis: ``w1 (H, m, 1)``, ``b1 (H, m)``, ``w2 (H, m)``,
+    ``b2 (H, 1)``; no ``b2``: 0).
+    """
+
+    def at(table, width):  # the head's row of a table with an optional head axis
+        t = np.asarray(table, dtype=np.float64)
+        if t.ndim > width:
+            t = t[head] if t.shape[0] > 1 else t[0]
+        return t
+
+    w1h = at(w1, 2 if np.ndim(w1) >= 2 else 1).reshape(-1)
+    b1h = at(b1, 1)
+    w2h = at(w2, 1)
+    b2v = np.asarray(0.0 if b2 is None else b2, dtype=np.float64).reshape(-1)
+    b2h = float(b2v[head] if b2v.size > 1 else b2v[0])
+    cc, ll = abs(float(c)), abs(float(L))
+    x = math.log(cc * abs(p_i - j) + 1.0) / (math.log(cc * max(ll, p_i) + 1.0) + eps)
+    hidden = [max(float(w1h[n]) * x + float(b1h[n]), 0.0) for n in range(len(w1h))]
+    return math.fsum(float(w2h[n]) * hidden[n] for n in range(len(hidden))) + b2h

@@ -40,6 +40,8 @@ def _case(name, rng, t_q, t_k):
         return (), {"symmetric": False}, lambda q, k, v, **kw: rp.alibi_attention(q, k, v, **kw)
     if name == "forgetting":  # gates for every position a shifted query can take
         return (normal(H, t_q + t_k + 4),), {}, rp.forgetting_attention
+    if name == "fire":  # L = 4: queries past the threshold are normalised by their position
+        return (normal(5, 1), normal(5), normal(H, 5)), {"c": 0.3, "L": 4.0}, rp.fire_attention
     if name == "kerple":
         return (), {"kernel": "log"}, lambda q, k, v, **kw: rp.kerple_attention(q, k, v, **kw)
     if name == "sandwich":

@@ -49,6 +49,8 @@ MODULES = [
     "relpos_ref.schemes.transformer_xl_sinusoids",
     "relpos_ref.schemes.deberta",
     "relpos_ref.schemes.deberta_buckets",
+    "relpos_ref.schemes.fire",
+    "relpos_ref.schemes._fire_mlp",
     "relpos_ref.schemes._tables",
     "relpos_ref.blocked",
     "relpos_ref.golden",

@@ -32,6 +32,7 @@ OTHER_OPTIONS = {
     "xpos": {"layout": "half", "scale_base": 8.0, "center": "middle_up"},
     "transformer_xl": {"clamp_len": 2}, "deberta": {"max_position": 8},
     "absolute": {}, "grid2d": {}, "swin": {}, "swinv2": {}, "forgetting": {},
+    "fire": {"c": -0.3, "L": 3.0, "eps": 0.01},
 }
 GIVEN = ("omitted", "none", "scale", "causal", "q_offset", "options")
 

@@ -182,6 +182,12 @@ def _reference_terms(case, x):
             return ref.forgetting_value(f, i + off, j)
 
         return {"bias_value": forgetting}
+    if s == "fire":  # the query's absolute position i + q_offset normalises
+        def fire(h, i, j):
+            return ref.fire_value(x["w1"], x["b1"], x["w2"], h, i + off, j, c=p["c"], L=p["L"],
+                                  eps=p["eps"])
+
+        return {"bias_value": fire}
     if s == "swinv2":
         def swinv2(h, a, b):
             return ref.swinv2_value(x["w1"], x["b1"], x["w2"], h, p["height"], p["width"], a, b)

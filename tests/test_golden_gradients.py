@@ -64,7 +64,7 @@ def _within(case: golden.GoldenCase, grads: dict[str, Any]) -> list[str]:
 def test_every_case_stores_its_cotangent_and_every_gradient(suite):
     decode = [suite.load(c, rederive=False) for c, e in suite.cases.items()
               if e["kind"] == "decode"]
-    assert len(decode) == 56 and not any(c.gradient_names for c in decode)
+    assert len(decode) == 60 and not any(c.gradient_names for c in decode)
     with pytest.raises(ValueError, match=r"is a decode case: it has no cotangent `d_output`"):
         _ = decode[0].d_output
     for case in _cases(suite):
@@ -72,14 +72,15 @@ def test_every_case_stores_its_cotangent_and_every_gradient(suite):
                   if info["role"] == "input" and n not in ("q", "k", "v", "mask")]
         want = ["dq", "dk", "dv", *(f"d_{t}" for t in tables)]
         # parameters that are not inputs but have a gradient: ALiBi's slopes, KERPLE's r1, r2
-        want += {"alibi": ["d_slopes"], "kerple": ["d_r1", "d_r2"]}.get(case.scheme, [])
+        want += {"alibi": ["d_slopes"], "kerple": ["d_r1", "d_r2"],
+                 "fire": ["d_c", "d_L"]}.get(case.scheme, [])
         assert sorted(case.gradient_names) == sorted(want), case.id
         assert case.entry["arrays"]["d_output"]["role"] == "cotangent"
         assert case.d_output.dtype == numpy_dtype(case.dtype)
         assert case.d_output.shape == case.expected["output"].shape
         for name in want:
             argument = {"dq": "q", "dk": "k", "dv": "v"}.get(name, name[2:])
-            if argument not in ("slopes", "r1", "r2"):
+            if argument not in ("slopes", "r1", "r2", "c", "L"):
                 assert case.expected[name].shape == case.inputs[argument].shape, (case.id, name)
             assert case.expected[name].dtype == np.float64
             assert np.isfinite(case.expected[name]).all(), (case.id, name)

@@ -49,6 +49,8 @@ EXTRA = {
     "alibi": {"symmetric": st.booleans()},
     "kerple": {"kernel": st.sampled_from(["log", "power"])},
     "forgetting": {},
+    "fire": {"hidden": st.sampled_from([1, 3]), "c": st.sampled_from([0.1, -0.7]),
+             "L": st.sampled_from([512.0, 3.0, 4.0, -2.0]), "eps": st.sampled_from([1e-6, 0.5])},
     "sandwich": {"d_bar": st.sampled_from([2, 16]), "start": st.sampled_from([0, 1])},
     "swin": {"height": st.integers(1, 3), "width": st.integers(1, 3)},
     "swinv2": {"height": st.integers(1, 3), "width": st.integers(1, 3),
@@ -112,6 +114,12 @@ def _call(case: Case) -> tuple[list[str], list[np.ndarray], dict[str, Any], np.n
     if entry.name == "kerple":  # KERPLE's learned r1, r2 (> 0) too
         names += ["r1", "r2"]
         values += [np.asarray(rp.alibi_slopes(p["h"])) * 4, np.linspace(0.5, 1.5, p["h"])]
+    if entry.name == "fire":  # FIRE's learned c and L (ties |L| = p_i included)
+        names += ["c", "L"]
+        values += [np.asarray(kwargs.pop("c")), np.asarray(kwargs.pop("L"))]
+        if case.seed % 2 == 0:  # the output layer's bias: its gradient is 0
+            names.append("b2")
+            values.append(np.linspace(-1.0, 1.0, p["h"]))
     if entry.name == "swinv2" and case.seed % 2 == 0:  # cosine attention: tau per head
         names.append("logit_scale")
         values.append(np.linspace(1.0, 5.5, p["h"]))  # 5.5: above the clamp, log 100
@@ -127,7 +135,8 @@ def _split(case: Case, names: list[str], values: list[Any]) -> tuple[list[Any], 
     tables = [by_name.get(t.name) for t in case.entry.tables]
     while tables and tables[-1] is None:
         tables.pop()
-    keywords = {n: by_name[n] for n in ("slopes", "r1", "r2", "logit_scale") if n in by_name}
+    keywords = {n: by_name[n] for n in ("slopes", "r1", "r2", "logit_scale", "b2", "c", "L")
+                if n in by_name}
     return [by_name["q"], by_name["k"], by_name["v"], *tables], keywords
 
 
@@ -232,6 +241,7 @@ SMALL = {"absolute": {}, "shaw": {"K": 2}, "bias": {"K": 2}, "music": {"M": 3, "
          "general": {"t_max": 6}, "grid2d": {"height": 2, "width": 3},
          "t5": {"buckets": 8, "max_distance": 12}, "alibi": {}, "kerple": {"kernel": "power"},
          "sandwich": {"d_bar": 16}, "forgetting": {},
+         "fire": {"hidden": 3, "c": -0.4, "L": 3.5, "eps": 0.01},
          "swin": {"height": 2, "width": 3}, "swinv2": {"height": 2, "width": 3, "hidden": 3},
          "rope": {"rotary_dim": 2},
          "xpos": {"scale_base": 4.0, "rotary_dim": 2},

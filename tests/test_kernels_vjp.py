@@ -90,6 +90,11 @@ def _options(draw, scheme, t_q, t_k, q_offset):
     elif scheme == "forgetting":  # a gate per key (or more); every query has its own
         sizes["T"] = t_k + draw(st.sampled_from([0, 2]))
         q_offset = draw(st.sampled_from([t_k - t_q, min(q_offset, sizes["T"] - t_q)]))
+    elif scheme == "fire":  # thresholds below, at and above the positions; c of either sign
+        sizes["hidden"] = draw(st.sampled_from([1, 5]))
+        options["c"] = draw(st.sampled_from([0.1, -0.7, 0.0]))
+        options["L"] = draw(st.sampled_from([512.0, 3.0, 4.0, -2.0, 0.0]))
+        options["eps"] = draw(st.sampled_from([1e-6, 0.5]))
     elif scheme == "transformer_xl":
         sizes["d_model"] = draw(st.sampled_from([2, 4, 6]))
         options["clamp_len"] = draw(st.sampled_from([None, 0, 1, 3]))
@@ -168,6 +173,10 @@ def vjp_calls(draw, scheme):
                                            dtype=dtype)
     if scheme == "alibi" and draw(st.booleans()):
         kwargs["slopes"] = (rng.random(heads) + 0.1).astype(dtype)
+    if scheme == "fire" and draw(st.booleans()):  # c and L as arrays of the call's dtype
+        kwargs.update({n: np.asarray(kwargs[n], dtype=dtype) for n in ("c", "L")})
+    if scheme == "fire" and draw(st.booleans()):  # the output layer's bias
+        kwargs["b2"] = normal(heads)
     return (q, k, v, *tables), kwargs
 
 

@@ -52,7 +52,7 @@ def test_a_missing_namespace_is_named(name, given, shown):
 
 
 def test_the_namespace_check_covers_every_function_that_takes_xp():
-    assert len(XP_FUNCTIONS) == 13 and "relative_positions" in XP_FUNCTIONS
+    assert len(XP_FUNCTIONS) == 14 and "relative_positions" in XP_FUNCTIONS
     assert "rope_cos_sin" in XP_FUNCTIONS
 
 

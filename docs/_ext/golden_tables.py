@@ -59,7 +59,8 @@ def golden_parameter_rows() -> str:
                            for k, v in scheme_defaults(entry).items()).replace("|", "\\|")
         kwargs = golden_kwargs(entry)
         tables = [t.name for t in entry.tables]
-        learned = {"alibi": ["slopes"], "kerple": ["r1", "r2"]}.get(name, [])  # not inputs
+        learned = {"alibi": ["slopes"], "kerple": ["r1", "r2"],
+                   "fire": ["c", "L"]}.get(name, [])  # not inputs
         arguments = ["q", "k", "v", *tables, *learned]
         rows.append(
             f"| `{name}` | {params or '(none)'} | {', '.join(kwargs)} | "

@@ -318,6 +318,7 @@ EXAMPLES = {
     "kerple": {"t_q": 4, "t_k": 4},
     "sandwich": {"t_q": 4, "t_k": 4, "d_bar": 16},
     "forgetting": {"t_q": 4, "t_k": 4},
+    "fire": {"t_q": 4, "t_k": 6, "q_offset": 2, "c": 1.0, "L": 3.0},
     "rope": {"t_q": 4, "t_k": 4},
     "xpos": {"t_q": 4, "t_k": 4, "scale_base": 8.0},
     "swin": {"height": 2, "width": 2},
@@ -432,6 +433,14 @@ def _forgetting_extra() -> list[Step]:
                  "never read)", np.exp(bias))]
 
 
+def _fire_extra() -> list[Step]:
+    x = np.asarray(rp.fire_inputs(6, 6, c=1.0, L=3.0, eps=0.0, xp=xp))
+    return [Step("`fire_inputs(6, 6, c=1, L=3, eps=0)`: `log(1 + |i - j|) / log(1 + max(3, i))`; "
+                 "rows 0 .. 3 share the normaliser `log 4`, later rows their own", x),
+            Step("the input of the first key: 1 from the query at `L` on",
+                 x[:, :1].T, rows=("j=0",), cols=_labels("i=", range(6)))]
+
+
 def _rope_extra() -> list[Step]:
     theta = np.asarray(rp.rope_frequencies(8))
     angles = np.arange(4)[:, None] * theta[None, :]
@@ -476,7 +485,7 @@ def _swinv2_extra() -> list[Step]:
 EXTRAS = {"bias": _bias_extra, "t5": _t5_extra, "alibi": _alibi_extra, "rope": _rope_extra,
           "xpos": _xpos_extra,
           "deberta": _deberta_extra, "kerple": _kerple_extra, "sandwich": _sandwich_extra,
-          "forgetting": _forgetting_extra, "swinv2": _swinv2_extra}
+          "forgetting": _forgetting_extra, "fire": _fire_extra, "swinv2": _swinv2_extra}
 
 
 def preset_rows(scheme: str) -> str:

@@ -96,6 +96,16 @@ def base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
         # forgetting (FoX): gates per head, queries end-aligned after a cache; shared gates
         ("forgetting", "per-head-end", {"h": 3, "t_q": 4, "t_k": 9, "d": 8, "per_head": True}),
         ("forgetting", "shared-masked", {"h": 2, "t_q": 6, "t_k": 6, "d": 8, "masked": True}),
+        # fire: queries end-aligned past the threshold L = 5 (the normaliser is the query's
+        # position there), one MLP per head; bidirectional (inputs above 1), masked. Inputs
+        # in [0, 1] or so, and 16 hidden units, so that some unit's ReLU turns within the
+        # grid (the paper's L = 512 at a few tokens gives inputs below 0.1: b1's gradient
+        # is then a sum of rows that cancels, zero but for rounding)
+        ("fire", "beyond-l-end", {"h": 3, "t_q": 3, "t_k": 9, "d": 8, "hidden": 16,
+                                  "c": 0.5, "L": 5.0, "per_head": True}),
+        ("fire", "bidirectional-masked", {"h": 2, "t_q": 6, "t_k": 6, "d": 8, "hidden": 16,
+                                          "c": 2.0, "L": 2.0, "causal": False,
+                                          "masked": True}),
         # swin: 2D bias table of a window, non-square
         ("swin", "non-square", {"b": 2, "h": 3, "d": 8, "height": 2, "width": 3,
                                 "per_head": True}),

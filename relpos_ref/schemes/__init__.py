@@ -28,6 +28,12 @@ from .deberta import (
     deberta_logits,
     deberta_rows,
 )
+from .fire import (
+    fire_attention,
+    fire_attention_vjp,
+    fire_bias,
+    fire_inputs,
+)
 from .forgetting import (
     forgetting_attention,
     forgetting_attention_vjp,
@@ -101,6 +107,10 @@ __all__ = [
     "deberta_index",
     "deberta_logits",
     "deberta_rows",
+    "fire_attention",
+    "fire_attention_vjp",
+    "fire_bias",
+    "fire_inputs",
     "forgetting_attention",
     "forgetting_attention_vjp",
     "forgetting_bias",
