@@ -92,13 +92,16 @@ def test_legitimate_16_bit_implementations_pass_with_room(sixteen):
         sample = ("shaw/masked/", "t5/causal-decode/", "rope/interleaved/", "music/skew/")
         implementations["jax-every-op"] = lambda c: every_op_in_16_bits("jax", c) if (
             c.dtype == "bfloat16" and c.id.startswith(sample)) else None
-    worst = {}
+    worst, fire = {}, {}
     for case in sixteen:
         for name, run in implementations.items():
             out = run(case)
             if out is None:
                 continue
             of_atol, of_naive = _ratios(case, out)
+            if case.scheme == "fire":  # an MLP of a log ratio in 16 bits: see below
+                fire[case.id] = max(fire.get(case.id, 0.0), of_atol)
+                continue
             assert of_atol <= 0.75, (name, case.id, of_atol)
             worst[name] = max(worst.get(name, 0.0), of_naive)
     # the guide's evidence table
@@ -108,6 +111,12 @@ def test_legitimate_16_bit_implementations_pass_with_room(sixteen):
     assert worst["torch-every-op"] == pytest.approx(2.00, abs=0.01)
     if "jax-every-op" in worst:
         assert worst["jax-every-op"] == pytest.approx(1.16, abs=0.01)
+    # FIRE with every operation in 16 bits: the log ratio rounded to 16 bits, then an MLP of
+    # 16 hidden units in 16 bits; it passes but for beyond-l-end in float16 (1.06 of the
+    # tolerance): a 16-bit FIRE evaluates its MLP in float32, as the specification does
+    assert max(fire.values()) == pytest.approx(1.06, abs=0.01), fire
+    assert [i for i, x in fire.items() if x > 1.0] == [
+        "fire/beyond-l-end/b1-h3-q3-k9-d8-m16-L5/float16/s0"], fire
 
 
 def test_every_planted_mistake_that_changes_an_output_fails(sixteen):
