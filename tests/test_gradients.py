@@ -121,6 +121,7 @@ def _call(case: Case) -> tuple[list[str], list[np.ndarray], dict[str, Any], np.n
             names.append("b2")
             values.append(np.linspace(-1.0, 1.0, p["h"]))
     if entry.name == "swinv2" and case.seed % 2 == 0:  # cosine attention: tau per head
+        kwargs.pop("logit_scale", None)  # the case's (None): an array here
         names.append("logit_scale")
         values.append(np.linspace(1.0, 5.5, p["h"]))  # 5.5: above the clamp, log 100
         kwargs["scale"] = None
