@@ -53,6 +53,9 @@ from .schemes import (
     alibi_slopes,
     bias_logits,
     convert_rope_weights,
+    cope_gates,
+    cope_positions,
+    cope_term,
     deberta_bucket,
     deberta_bucket_boundaries,
     deberta_index,
@@ -104,6 +107,7 @@ attention = _dispatched("plain", _attention_module.attention)
 absolute_attention = _dispatched("absolute", _schemes.absolute_attention)
 alibi_attention = _dispatched("alibi", _schemes.alibi_attention)
 bias_attention = _dispatched("bias", _schemes.bias_attention)
+cope_attention = _dispatched("cope", _schemes.cope_attention)
 deberta_attention = _dispatched("deberta", _schemes.deberta_attention)
 forgetting_attention = _dispatched("forgetting", _schemes.forgetting_attention)
 general_attention = _dispatched("general", _schemes.general_attention)
@@ -123,6 +127,7 @@ attention_vjp = _dispatched("plain", _gradients.attention_vjp, vjp=True)
 absolute_attention_vjp = _dispatched("absolute", _schemes.absolute_attention_vjp, vjp=True)
 alibi_attention_vjp = _dispatched("alibi", _schemes.alibi_attention_vjp, vjp=True)
 bias_attention_vjp = _dispatched("bias", _schemes.bias_attention_vjp, vjp=True)
+cope_attention_vjp = _dispatched("cope", _schemes.cope_attention_vjp, vjp=True)
 deberta_attention_vjp = _dispatched("deberta", _schemes.deberta_attention_vjp, vjp=True)
 forgetting_attention_vjp = _dispatched("forgetting", _schemes.forgetting_attention_vjp,
                                        vjp=True)
@@ -187,6 +192,11 @@ __all__ = [
     "check_distances_in_table",
     "compose_logits",
     "convert_rope_weights",
+    "cope_attention",
+    "cope_attention_vjp",
+    "cope_gates",
+    "cope_positions",
+    "cope_term",
     "deberta_attention",
     "deberta_attention_vjp",
     "deberta_bucket",
