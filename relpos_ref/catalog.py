@@ -273,7 +273,7 @@ _ENTRIES = (
         cope, cope.cope_attention, cad.cope_check, cad.cope_terms, ad.distance,
         lambda p: f"P{p['npos']}",
         sizes=(Size("npos", "max_pos", 4, "max_pos, the integer positions with an embedding "
-                    "(the paper's npos_max)"),),
+                    "(the paper's npos_max)", fit=lambda t_q, t_k: 4),),  # any fits: the default
         tables=(Table("table", lambda s: s["npos"], "max_pos", "d",
                       "e, row n for the integer position n = 0 .. max_pos - 1"),),
         benchmark=lambda t: {"npos": 64},
