@@ -25,9 +25,13 @@ def cope_check(q, k, v, tables, *, scale, mask, causal, q_offset, options):
 
 
 def cope_terms(q, k, tables, *, q_offset, i0, j0, options, method):
-    if i0 or j0 or "_scale" not in options:
+    if i0 or j0:
         msg = (f"CoPE's term is the whole grid's (a position sums the gates of every later key "
                f"of its row): a tile at i0={i0}, j0={j0} cannot be evaluated on its own")
+        raise ValueError(msg)
+    if "_scale" not in options:
+        msg = ("CoPE's term reads the call's scale, mask and causality: pass the options "
+               "`relpos_ref.catalog.Scheme.check_call` returns")
         raise ValueError(msg)
     term = cope.cope_term(q, k, tables["table"], scale=options["_scale"],
                           mask=options["_mask"], causal=options["_causal"], q_offset=q_offset)

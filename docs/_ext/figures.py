@@ -207,6 +207,7 @@ FIGURES = {
     "kerple": {"t_q": T, "t_k": T},
     "sandwich": {"t_q": T, "t_k": T, "d_bar": 16},
     "forgetting": {"t_q": T, "t_k": T},
+    "cope": {"t_q": T, "t_k": T, "npos": 4},
     "rope": {"t_q": T, "t_k": T},
     "xpos": {"t_q": T, "t_k": T, "scale_base": 8.0},
     "swin": {"height": 2, "width": 3},

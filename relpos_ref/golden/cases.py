@@ -356,9 +356,9 @@ def default_cases() -> CaseRegistry:
     --------
     >>> reg = default_cases()
     >>> len(reg), len({c.scheme for c in reg}), len([c for c in reg if c.kind == "decode"])
-    (372, 17, 56)
+    (384, 18, 60)
     >>> sorted({c.scheme for c in reg})[:6]
-    ['absolute', 'alibi', 'bias', 'deberta', 'forgetting', 'general']
+    ['absolute', 'alibi', 'bias', 'cope', 'deberta', 'forgetting']
     """
     from .decode import decode_base_cases
     from .default_suite import base_cases

@@ -204,6 +204,7 @@ def decode_base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
         ("kerple", "decode-log", {**small, "h": 3}),
         ("sandwich", "decode", {**small, "h": 3}),
         ("forgetting", "decode", {**small, "h": 3, "per_head": True}),
+        ("cope", "decode", {**small, "h": 3, "npos": 6, "per_head": True}),
         ("rope", "decode-yarn", {**small, "d": 16, "rotary_dim": 8, "base": 100.0,
                                  "scaling": {"rope_type": "yarn", "factor": 4.0,
                                              "original_max_position_embeddings": 16}}),
