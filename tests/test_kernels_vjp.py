@@ -90,6 +90,8 @@ def _options(draw, scheme, t_q, t_k, q_offset):
     elif scheme == "forgetting":  # a gate per key (or more); every query has its own
         sizes["T"] = t_k + draw(st.sampled_from([0, 2]))
         q_offset = draw(st.sampled_from([t_k - t_q, min(q_offset, sizes["T"] - t_q)]))
+    elif scheme == "cope":  # a few rows: the clamp is reached
+        sizes["npos"] = draw(st.integers(1, 6))
     elif scheme == "transformer_xl":
         sizes["d_model"] = draw(st.sampled_from([2, 4, 6]))
         options["clamp_len"] = draw(st.sampled_from([None, 0, 1, 3]))
