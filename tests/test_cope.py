@@ -294,3 +294,27 @@ def test_blocked_attention_refuses_cope():
     x = np.zeros((5, 4))
     with pytest.raises(ValueError, match="blocked attention cannot evaluate `scheme` 'cope'"):
         rp.blocked_attention(x, x, x, np.zeros((3, 4)), scheme="cope")
+
+
+def test_the_triton_kernels_take_cope_and_reach_the_gates():
+    # interpreted on the CPU: the fused forward reads the dense term; the backward kernels
+    # give its gradient, and autograd carries it through the lowering to q and k
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    kt = pytest.importorskip("relpos_ref.kernels.triton")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, d_out = (torch.randn(2, 2, 20, 8, generator=gen, dtype=torch.float64)
+                      for _ in range(4))
+    table = torch.randn(2, 6, 8, generator=gen, dtype=torch.float64)
+    mask = torch.rand(20, 20, generator=gen) < 0.8
+    with kt.interpreted():
+        out = kt.KERNELS["cope"](q, k, v, table, mask=mask, q_offset=3)
+        grads = kt.VJP_KERNELS["cope"](q, k, v, table, mask=mask, q_offset=3, d_output=d_out)
+    assert out is not NotImplemented and grads is not NotImplemented
+    with kernels.disabled():
+        want = rp.cope_attention(q, k, v, table, mask=mask, q_offset=3)
+        want_g = rp.cope_attention_vjp(q, k, v, table, mask=mask, q_offset=3, d_output=d_out)
+    np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-10, atol=1e-12)
+    for name, w in want_g.items():
+        np.testing.assert_allclose(grads[name].numpy(), w.numpy(), rtol=1e-9, atol=1e-11,
+                                   err_msg=name)

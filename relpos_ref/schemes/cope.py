@@ -84,13 +84,14 @@ DEFAULTS = Defaults(causal=True, q_offset="end")
 
 
 def _sigmoid(xp: Any, z: Any) -> Any:
-    # no overflow at either end (each branch's exp <= 1), and differentiable as it stands
-    # (no |z|, whose autograd derivative at 0 is 0): a kernel's autograd reads sigma'(0)
+    # no overflow at either end (exp of -|z| <= 1), and differentiable as it stands: |z| is
+    # where(z >= 0, z, -z), whose autograd derivative at 0 is 1, not abs's 0 (so a kernel's
+    # autograd through the lowering reads sigma'(0) = 1/4)
     zero = xp.zeros((), dtype=z.dtype, device=_xp.device(z))
     up = z >= zero
-    pos = xp.exp(-xp.where(up, z, zero))
-    neg = xp.exp(xp.where(up, zero, z))
-    return xp.where(up, 1.0 / (1.0 + pos), neg / (1.0 + neg))
+    e = xp.exp(-xp.where(up, z, -z))
+    one = zero + 1.0
+    return xp.where(up, one, e) / (one + e)
 
 
 def cope_gates(
@@ -177,34 +178,52 @@ def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(max(x, y) if 1 in (x, y) else x for x, y in zip(a, b, strict=True))
 
 
+def _clamped(xp: Any, positions: Any, top: int) -> Any:
+    return xp.minimum(positions, xp.asarray(float(top), dtype=positions.dtype,
+                                            device=_xp.device(positions)))
+
+
 class _Interpolation:
-    # the clamped positions' floor, ceil and weight, and the table logits read there
+    # what the VJP reads: the clamped positions' floor, ceil and weight, the table logits
+    # there, and where the clamp lets the gradient pass
     def __init__(self, q: Any, table: Any, positions: Any) -> None:
         xp = _xp.array_namespace(q, table, positions)
         top = table.shape[-2] - 1
         self.inside = positions <= top  # torch.clamp(max=) passes the gradient at the max
-        clamped = xp.minimum(positions, xp.asarray(float(top), dtype=positions.dtype,
-                                                   device=_xp.device(positions)))
+        clamped = _clamped(xp, positions, top)
         floor = xp.floor(clamped)
         idx = _xp.index_dtype(xp, _xp.device(q))
         self.floor = xp.astype(floor, idx)
         self.ceil = xp.astype(xp.ceil(clamped), idx)
         self.weight = clamped - floor
-        self.logits = table_logits(q, table)  # (..., t_q, max_pos)
-        self.at_floor = _take_rows(self.logits, self.floor)
-        self.at_ceil = _take_rows(self.logits, self.ceil)
-
-    def term(self) -> Any:
-        return self.at_ceil * self.weight + self.at_floor * (1.0 - self.weight)
+        logits = table_logits(q, table)  # (..., t_q, max_pos)
+        self.at_floor = _take_rows(logits, self.floor)
+        self.at_ceil = _take_rows(logits, self.ceil)
 
 
-def _term(q: Any, k: Any, table: Any, call: Call, mask: Any) -> tuple[Any, Any, Any, Any]:
-    # (term, gates, allowed, interpolation) of a validated call
+def _term(q: Any, k: Any, table: Any, call: Call, mask: Any, *,
+          keep: bool = False) -> tuple[Any, Any, Any, Any]:
+    # (term, gates, allowed, interpolation) of a validated call; the last three only with
+    # `keep` (the VJP's), None otherwise
     xp = call.xp
     gates, allowed = cope_gates(q, k, scale=call.scale, mask=mask, causal=call.causal,
                                 q_offset=call.q_offset)
-    found = _Interpolation(q, table, cope_positions(gates))
-    term = found.term()
+    if keep:
+        found = _Interpolation(q, table, cope_positions(gates))
+        term = found.at_ceil * found.weight + found.at_floor * (1.0 - found.weight)
+    else:  # each (t_q, t_k) intermediate dropped once read, for the forward's peak
+        found, idx = None, _xp.index_dtype(xp, _xp.device(q))
+        clamped = _clamped(xp, cope_positions(gates), table.shape[-2] - 1)
+        gates = None
+        logits = table_logits(q, table)  # (..., t_q, max_pos)
+        floor = xp.floor(clamped)
+        at_ceil = _take_rows(logits, xp.astype(xp.ceil(clamped), idx))
+        weight = clamped - floor
+        del clamped
+        at_floor = _take_rows(logits, xp.astype(floor, idx))
+        del floor
+        term = at_ceil * weight + at_floor * (1.0 - weight)
+        del at_ceil, at_floor, weight
     if allowed is not None:
         term = xp.where(allowed, term, xp.zeros((), dtype=term.dtype, device=_xp.device(q)))
     return term, gates, allowed, found
@@ -363,7 +382,7 @@ def cope_attention_vjp(
     call = cope_call(q, k, v, table, scale=scale, mask=mask, causal=causal, q_offset=q_offset)
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
     xp, device = call.xp, _xp.device(q)
-    term, gates, allowed, found = _term(q, k, table, call, mask)
+    term, gates, allowed, found = _term(q, k, table, call, mask, keep=True)
     fwd = forward(q, k, call, mask=mask, bias=term)
     core = core_vjp(q, k, v, d_output, call, fwd)
     d_term = core.d_logits  # 0 where a pair is not allowed
