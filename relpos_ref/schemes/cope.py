@@ -51,6 +51,10 @@ the transpose of the reverse one), and the scaled logits
 :math:`\bar g\, g (1 - g)` on the allowed pairs, which reach ``q`` and ``k``
 as the content term does.
 
+Numerics: 16-bit inputs compute in float32 (positions summed from 16-bit
+gates are coarse, and the term's derivative jumps at integer positions,
+where a gate rounded to 1 puts them; docs/schemes/cope.md).
+
 Cost: the table logits are one ``(t_q, max_pos)`` product per head, read
 by a gather; no ``(t_q, t_k, d)`` array is built. The gates, the reverse
 cumulative sum, the floor and ceiling, the weights and the gathered logits
@@ -204,8 +208,8 @@ class _Interpolation:
 
 def _term(q: Any, k: Any, table: Any, call: Call, mask: Any, *,
           keep: bool = False) -> tuple[Any, Any, Any, Any]:
-    # (term, gates, allowed, interpolation) of a validated call; the last three only with
-    # `keep` (the VJP's), None otherwise
+    # (term, gates, allowed, interpolation) of a validated call; the gates and the
+    # interpolation only with `keep` (the VJP's), None otherwise
     xp = call.xp
     gates, allowed = cope_gates(q, k, scale=call.scale, mask=mask, causal=call.causal,
                                 q_offset=call.q_offset)
