@@ -53,6 +53,9 @@ from .schemes import (
     alibi_slopes,
     bias_logits,
     convert_rope_weights,
+    cope_gates,
+    cope_positions,
+    cope_term,
     deberta_bucket,
     deberta_bucket_boundaries,
     deberta_index,
@@ -106,6 +109,7 @@ attention = _dispatched("plain", _attention_module.attention)
 absolute_attention = _dispatched("absolute", _schemes.absolute_attention)
 alibi_attention = _dispatched("alibi", _schemes.alibi_attention)
 bias_attention = _dispatched("bias", _schemes.bias_attention)
+cope_attention = _dispatched("cope", _schemes.cope_attention)
 deberta_attention = _dispatched("deberta", _schemes.deberta_attention)
 fire_attention = _dispatched("fire", _schemes.fire_attention)
 forgetting_attention = _dispatched("forgetting", _schemes.forgetting_attention)
@@ -126,6 +130,7 @@ attention_vjp = _dispatched("plain", _gradients.attention_vjp, vjp=True)
 absolute_attention_vjp = _dispatched("absolute", _schemes.absolute_attention_vjp, vjp=True)
 alibi_attention_vjp = _dispatched("alibi", _schemes.alibi_attention_vjp, vjp=True)
 bias_attention_vjp = _dispatched("bias", _schemes.bias_attention_vjp, vjp=True)
+cope_attention_vjp = _dispatched("cope", _schemes.cope_attention_vjp, vjp=True)
 deberta_attention_vjp = _dispatched("deberta", _schemes.deberta_attention_vjp, vjp=True)
 fire_attention_vjp = _dispatched("fire", _schemes.fire_attention_vjp, vjp=True)
 forgetting_attention_vjp = _dispatched("forgetting", _schemes.forgetting_attention_vjp,
@@ -191,6 +196,11 @@ __all__ = [
     "check_distances_in_table",
     "compose_logits",
     "convert_rope_weights",
+    "cope_attention",
+    "cope_attention_vjp",
+    "cope_gates",
+    "cope_positions",
+    "cope_term",
     "deberta_attention",
     "deberta_attention_vjp",
     "deberta_bucket",

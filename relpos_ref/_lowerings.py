@@ -28,6 +28,7 @@ from .lowering import (
 from .positions import grid_positions
 from .schemes import (
     alibi,
+    cope,
     deberta,
     fire,
     forgetting,
@@ -225,6 +226,16 @@ def fire_form(q, k, v, tables, *, call, mask, options):
     return DistanceForm(q, k, v, call, mask, dense=(None, bias))
 
 
+def cope_form(q, k, v, tables, *, call, mask, options):
+    # CoPE's term is read from q and k themselves (the gates, their reverse cumulative sum):
+    # no table row at a distance, so a dense bias, computed by the specification from the
+    # arrays given; every operation is differentiable, so a kernel's autograd through this
+    # lowering carries the gates' gradient to q and k (no kernel differentiates the bias as
+    # a constant). O(t_q t_k): the cumulative sums are the cost (docs/schemes/cope.md)
+    term = cope._term(_wide(q), _wide(k), _wide(tables["table"]), call, mask)[0]
+    return DistanceForm(q, k, v, call, mask, dense=(None, term))
+
+
 def rope_form(q, k, v, tables, *, call, mask, options):
     q, k = _wide(q), _wide(k)
     from ._rope_adapters import rope_rotate
@@ -284,6 +295,7 @@ LOWERINGS = {
     "sandwich": sandwich_form,
     "forgetting": forgetting_form,
     "fire": fire_form,
+    "cope": cope_form,
     "swin": swin_form,
     "swinv2": swinv2_form,
     "rope": rope_form,

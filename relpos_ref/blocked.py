@@ -55,8 +55,9 @@ __all__ = [
 ]
 
 #: Schemes `blocked_attention` evaluates: the catalog's (``"plain"`` is attention without
-#: positions).
-BLOCKED_SCHEMES = tuple(names(plain=True))
+#: positions) but CoPE, whose positions sum the gates of every later key of a row, so that
+#: a tile of keys has no term of its own (`cope_attention` holds O(t_q t_k) instead).
+BLOCKED_SCHEMES = tuple(n for n in names(plain=True) if n != "cope")
 
 #: Array library (the top-level module of its array type) -> the private module that
 #: evaluates `blocked_attention` one task per chunk of queries over its lazy, chunked
@@ -195,6 +196,11 @@ def check_blocked_call(
     >>> checked.block, checked.call.scale, checked.lead
     (2, 1.0, (2,))
     """
+    if scheme == "cope":
+        msg = ("blocked attention cannot evaluate `scheme` 'cope': a contextual position sums "
+               "the gates of every later key of its row, so a tile of keys has no term of its "
+               "own (use cope_attention, O(t_q t_k) memory)")
+        raise ValueError(msg)
     check_choice("scheme", scheme, BLOCKED_SCHEMES)
     entry = get(scheme)
     for name in ("logit_scale", "mask_penalty") if scheme == "swinv2" else ():

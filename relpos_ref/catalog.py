@@ -42,6 +42,7 @@ from typing import Any
 
 from . import _adapters as ad
 from . import _bias_adapters as bad
+from . import _cope_adapters as cad
 from . import _rope_adapters as rope_ad
 from . import _xpos_adapters as xad
 from ._adapters import Terms
@@ -53,6 +54,7 @@ from .schemes import (
     absolute,
     alibi,
     bias,
+    cope,
     deberta,
     fire,
     forgetting,
@@ -284,6 +286,19 @@ _ENTRIES = (
                         parse=ad.parse_real),
                  Option("eps", "added to the normaliser after its log", parse=ad.parse_real)),
         benchmark=lambda t: {"hidden": 32}, vjp=fire.fire_attention_vjp, show=bad.fire_show,
+    ),
+    Scheme(
+        "cope", "Golovneva et al. (2024), Contextual Position Encoding (CoPE)",
+        "q . e[p] interpolated at p_ij = sum_(t >= j) sigmoid(s q_i . k_t), positions counted "
+        "by the gates; unscaled",
+        cope, cope.cope_attention, cad.cope_check, cad.cope_terms, ad.distance,
+        lambda p: f"P{p['npos']}",
+        sizes=(Size("npos", "max_pos", 4, "max_pos, the integer positions with an embedding "
+                    "(the paper's npos_max)", fit=lambda t_q, t_k: 4),),  # any fits: the default
+        tables=(Table("table", lambda s: s["npos"], "max_pos", "d",
+                      "e, row n for the integer position n = 0 .. max_pos - 1"),),
+        benchmark=lambda t: {"npos": 64},
+        vjp=cope.cope_attention_vjp, show=cad.cope_show,
     ),
     Scheme(
         "swin", "Liu et al. (2021), Swin Transformer",

@@ -131,6 +131,8 @@ def _lengths(draw, scheme, longest=9):
     elif scheme == "forgetting":  # a gate per key (or a few more); every query has its own
         sizes["T"] = t_k + draw(st.sampled_from([0, 0, 2]))
         q_offset = draw(st.sampled_from([t_k - t_q, min(q_offset, sizes["T"] - t_q)]))
+    elif scheme == "cope":  # a few rows: the clamp at max_pos - 1 is reached
+        sizes["npos"] = draw(st.integers(1, 6))
     return t_q, t_k, q_offset, sizes, options
 
 

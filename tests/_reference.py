@@ -739,3 +739,29 @@ def fire_value(w1, b1, w2, head, p_i, j, *, b2=None, c=0.1, L=512.0, eps=1e-6):
     x = math.log(cc * abs(p_i - j) + 1.0) / (math.log(cc * max(ll, p_i) + 1.0) + eps)
     hidden = [max(float(w1h[n]) * x + float(b1h[n]), 0.0) for n in range(len(w1h))]
     return math.fsum(float(w2h[n]) * hidden[n] for n in range(len(hidden))) + b2h
+
+
+def cope_value(q_i, keys, table, allowed_row, j, scale):
+    """CoPE's term of one pair (Golovneva et al. 2024, Section 3), from the paper's sentences.
+
+    "the gate value ... g_ij = sigmoid(q_i^T k_j)" (here with the attention's
+    `scale`, as the paper's code applies it before the gates), "p_ij =
+    sum_{k=j}^{i} g_ik" over the keys the query may see (`allowed_row`, a
+    list of booleans: the causal past, a key mask), clamped to ``p_max`` (the
+    table's rows less one), and "e[p_ij] = (p_ij - floor p_ij) e[ceil p_ij] +
+    (1 - p_ij + floor p_ij) e[floor p_ij]", the term being ``q_i . e[p_ij]``.
+    Zero for a pair that is not allowed. Python floats, one pair at a time.
+    """
+    if not allowed_row[j]:
+        return 0.0
+    d = len(q_i)
+    p = 0.0
+    for t in range(j, len(keys)):
+        if allowed_row[t]:
+            x = scale * math.fsum(float(q_i[c]) * float(keys[t][c]) for c in range(d))
+            p += 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+    p = min(p, len(table) - 1)
+    low, high = math.floor(p), math.ceil(p)
+    w = p - low
+    e = [w * float(table[high][c]) + (1.0 - w) * float(table[low][c]) for c in range(d)]
+    return math.fsum(float(q_i[c]) * e[c] for c in range(d))

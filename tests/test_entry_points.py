@@ -23,7 +23,7 @@ from relpos_ref.golden.pipeline import golden_arrays
 
 #: Small sizes and, per scheme, option values that differ from the defaults.
 SIZES = {"T": None, "K": 2, "P": None, "M": 4, "t_max": 9, "height": 2, "width": 3, "buckets": 8,
-         "d_model": 4, "rows": 9, "span": 3, "hidden": 3}
+         "d_model": 4, "rows": 9, "span": 3, "hidden": 3, "npos": 3}
 OTHER_OPTIONS = {
     "shaw": {"beyond": "zero"}, "bias": {"beyond": "zero"}, "music": {"beyond": "zero"},
     "general": {"order": "future_to_past"}, "t5": {"bidirectional": False, "max_distance": 9},
@@ -31,7 +31,7 @@ OTHER_OPTIONS = {
     "sandwich": {"d_bar": 16, "start": 1}, "rope": {"layout": "interleaved", "base": 100.0},
     "xpos": {"layout": "half", "scale_base": 8.0, "center": "middle_up"},
     "transformer_xl": {"clamp_len": 2}, "deberta": {"max_position": 8},
-    "absolute": {}, "grid2d": {}, "swin": {}, "swinv2": {}, "forgetting": {},
+    "absolute": {}, "grid2d": {}, "swin": {}, "swinv2": {}, "forgetting": {}, "cope": {},
     "fire": {"c": -0.3, "L": 3.0, "eps": 0.01},
 }
 GIVEN = ("omitted", "none", "scale", "causal", "q_offset", "options")
@@ -91,8 +91,14 @@ def test_direct_blocked_and_golden_agree(scheme, given):
     direct = getattr(rp, f"{scheme}_attention")(q, k, v, *tables, **kwargs)
     with kernels.disabled():
         spec = getattr(rp, f"{scheme}_attention")(q, k, v, *tables, **kwargs)
-    blocked = blocked_attention(q, k, v, *tables, scheme=scheme, block_size=3, **kwargs)
-    for name, got in (("direct", direct), ("specification", spec), ("blocked", blocked)):
+    found = [("direct", direct), ("specification", spec)]
+    if scheme == "cope":  # a position sums the gates of the whole row: no tile of its own
+        with pytest.raises(ValueError, match="blocked attention cannot evaluate `scheme` 'cope'"):
+            blocked_attention(q, k, v, *tables, scheme=scheme, block_size=3, **kwargs)
+    else:
+        found.append(("blocked", blocked_attention(q, k, v, *tables, scheme=scheme,
+                                                   block_size=3, **kwargs)))
+    for name, got in found:
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=name)
 
 

@@ -193,9 +193,26 @@ def _reference_terms(case, x):
             return ref.swinv2_value(x["w1"], x["b1"], x["w2"], h, p["height"], p["width"], a, b)
 
         return {"bias_value": swinv2}
-    if s in ("rope", "xpos"):
+    if s in ("rope", "xpos", "cope"):
         return {}
     raise AssertionError(s)
+
+
+def _cope_term(p, x):
+    """CoPE's term of every pair by `_reference.cope_value`, per leading index and head."""
+    q, k, table, mask = x["q"], x["k"], x["table"], x.get("mask")
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    out = np.zeros((*q.shape[:-2], t_q, t_k))
+    for lead in np.ndindex(q.shape[:-2]):
+        e = table if table.ndim == 2 else table[lead[-1]]
+        for i in range(t_q):
+            allowed = [(not p["causal"] or j <= i + p["q_offset"])
+                       and (mask is None or bool(np.broadcast_to(mask, (t_q, t_k))[i, j]))
+                       for j in range(t_k)]
+            for j in range(t_k):
+                out[(*lead, i, j)] = ref.cope_value(q[lead][i], k[lead], e, allowed, j,
+                                                    p["scale"])
+    return out
 
 
 def _reference_position(case, x):
@@ -283,7 +300,12 @@ def test_goldens_equal_the_loop_reference(case):
         x["q"] = x["q"] * tau
         np.testing.assert_allclose(got["q_rotated"], x["q"], rtol=0, atol=atol)
         np.testing.assert_allclose(got["k_rotated"], x["k"], rtol=0, atol=atol)
-    if case.scheme in ("transformer_xl", "deberta"):
+    if case.scheme == "cope":  # the term reads q and k: the loop reference's whole term
+        out, weights = ref.attention(
+            x["q"], x["k"], x["v"], scale=p["scale"], bias=_cope_term(p, x),
+            mask=x.get("mask"), causal=p["causal"], q_offset=p["q_offset"],
+        )
+    elif case.scheme in ("transformer_xl", "deberta"):
         position = _reference_position(case, x)
         s = p["scale"] if p["scale"] is not None else 1 / np.sqrt(p["d"])
         out, weights = ref.attention(

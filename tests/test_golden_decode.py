@@ -29,7 +29,7 @@ def test_every_scheme_that_decodes_has_a_decode_case():
     grids = {n for n in catalog.names() if catalog.get(n).grid is not None}
     assert grids == {"grid2d", "swin", "swinv2"}
     assert {c.scheme for c in FLOAT64} == set(catalog.names()) - grids
-    assert len(DECODE) == 4 * len(FLOAT64) == 60
+    assert len(DECODE) == 4 * len(FLOAT64) == 64
     xl = next(c for c in FLOAT64 if c.scheme == "transformer_xl").parameters
     assert xl["t_k"] - xl["t_q"] == xl["q_offset"] == 4  # a memory before the prefill
     assert any(c.parameters["masked"] for c in FLOAT64)
@@ -192,7 +192,7 @@ def suite(tmp_path_factory):
 
 
 def test_a_right_decoder_matches_every_golden(suite):
-    assert len(suite) == len(FLOAT64) == 15
+    assert len(suite) == len(FLOAT64) == 16
     for scheme, case in suite.items():
         found = diagnose_case(case, cache_decoder(case, None))
         assert found.matches_golden, (scheme, found.verdict)

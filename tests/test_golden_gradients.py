@@ -64,7 +64,7 @@ def _within(case: golden.GoldenCase, grads: dict[str, Any]) -> list[str]:
 def test_every_case_stores_its_cotangent_and_every_gradient(suite):
     decode = [suite.load(c, rederive=False) for c, e in suite.cases.items()
               if e["kind"] == "decode"]
-    assert len(decode) == 60 and not any(c.gradient_names for c in decode)
+    assert len(decode) == 64 and not any(c.gradient_names for c in decode)
     with pytest.raises(ValueError, match=r"is a decode case: it has no cotangent `d_output`"):
         _ = decode[0].d_output
     for case in _cases(suite):
@@ -180,10 +180,30 @@ def test_a_native_16_bit_backward_passes_with_room_to_spare(suite):
     torch = pytest.importorskip("torch", reason="torch is not installed")
     worst = 0.0
     for case in _cases(suite, dtypes=("float16", "bfloat16")):
+        if case.scheme == "cope":  # see test_cope_s_position_gradient_jumps_in_16_bits
+            continue
         grads = _native_16_bit_gradients(torch, case)
         for r in case.compare(grads):
             worst = max(worst, r.max_error / r.atol if r.atol else 0.0)
     assert worst <= 0.56, worst  # Swin v2's bfloat16 dk: 0.551 (relpos_ref.golden.tolerance)
+
+
+def test_cope_s_position_gradient_jumps_in_16_bits(suite):
+    # CoPE's term is continuous in the position p, its derivative (q.e[ceil p] - q.e[floor p])
+    # is not: it jumps at every integer, and is 0 there. A gate that rounds to 1 in 16 bits
+    # (sigma(x) for x > 6 in bfloat16) puts positions on integers, where the float64 golden
+    # has them just below: the position's gradient, and dq and dk with it, change. So a
+    # backward pass with every operation in 16 bits is outside the tolerance (12.7 times it
+    # on masked-bidirectional's bfloat16 dq); the specification, in float32 for 16-bit
+    # inputs, passes (test_the_specified_backward_passes_in_every_dtype).
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    worst = {}
+    for case in _cases(suite, dtypes=("float16", "bfloat16")):
+        if case.scheme == "cope":
+            for r in case.compare(_native_16_bit_gradients(torch, case)):
+                worst[r.name] = max(worst.get(r.name, 0.0), r.max_error / r.atol)
+    assert worst["dv"] < 0.5 and worst["d_table"] < 0.5, worst  # no position gradient there
+    assert max(worst["dq"], worst["dk"]) > 1.0, worst
 
 
 # -- convention bugs in a backward pass fail --------------------------------------------------

@@ -95,6 +95,8 @@ def _options(draw, scheme, t_q, t_k, q_offset):
         options["c"] = draw(st.sampled_from([0.1, -0.7, 0.0]))
         options["L"] = draw(st.sampled_from([512.0, 3.0, 4.0, -2.0, 0.0]))
         options["eps"] = draw(st.sampled_from([1e-6, 0.5]))
+    elif scheme == "cope":  # a few rows: the clamp is reached
+        sizes["npos"] = draw(st.integers(1, 6))
     elif scheme == "transformer_xl":
         sizes["d_model"] = draw(st.sampled_from([2, 4, 6]))
         options["clamp_len"] = draw(st.sampled_from([None, 0, 1, 3]))

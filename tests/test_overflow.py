@@ -133,6 +133,8 @@ def _make(library):
 @pytest.mark.parametrize("library", LIBRARIES)
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_every_scheme_and_kernel_makes_an_overflowed_row_nan(scheme, library, path):
+    if path == "blocked" and scheme == "cope":
+        pytest.skip("blocked attention refuses cope (a tile of keys has no term of its own)")
     make, back = _make(library)
     q, k, v, tables, options = _scheme_call(scheme, make)
     if path == "forward":

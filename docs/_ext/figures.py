@@ -208,6 +208,7 @@ FIGURES = {
     "sandwich": {"t_q": T, "t_k": T, "d_bar": 16},
     "forgetting": {"t_q": T, "t_k": T},
     "fire": {"t_q": T, "t_k": T, "c": 1.0, "L": 4.0},
+    "cope": {"t_q": T, "t_k": T, "npos": 4},
     "rope": {"t_q": T, "t_k": T},
     "xpos": {"t_q": T, "t_k": T, "scale_base": 8.0},
     "swin": {"height": 2, "width": 3},

@@ -319,6 +319,7 @@ EXAMPLES = {
     "sandwich": {"t_q": 4, "t_k": 4, "d_bar": 16},
     "forgetting": {"t_q": 4, "t_k": 4},
     "fire": {"t_q": 4, "t_k": 6, "q_offset": 2, "c": 1.0, "L": 3.0},
+    "cope": {"t_q": 4, "t_k": 4, "npos": 3},
     "rope": {"t_q": 4, "t_k": 4},
     "xpos": {"t_q": 4, "t_k": 4, "scale_base": 8.0},
     "swin": {"height": 2, "width": 2},
@@ -441,6 +442,20 @@ def _fire_extra() -> list[Step]:
                  x[:, :1].T, rows=("j=0",), cols=_labels("i=", range(6)))]
 
 
+def _cope_extra() -> list[Step]:
+    q = k = xp.zeros((4, 2))  # every logit 0: every gate sigma(0) = 1/2
+    gates, _ = rp.cope_gates(q, k, scale=1.0)
+    table = xp.asarray([[0.0, 0.0], [1.0, 0.0], [3.0, 0.0]])  # q . e = 0, 1, 3 for q = (1, 0)
+    term = rp.cope_term(q + xp.asarray([1.0, 0.0]), k, table, scale=0.0)
+    return [Step("`cope_gates(q, k, scale=1.0)` for `q = k = 0`: `sigma(0) = 1/2` on the causal "
+                 "pairs", np.asarray(gates)),
+            Step("`cope_positions(gates)`: `p_ij = sum_(t >= j) g_it`, a reverse cumulative "
+                 "sum", np.asarray(rp.cope_positions(gates))),
+            Step("`cope_term` for `q = (1, 0)` (gates 1/2 at scale 0) and `q . e = 0, 1, 3`: "
+                 "interpolated between the integer positions (up to `max_pos - 1 = 2`)",
+                 np.asarray(term))]
+
+
 def _rope_extra() -> list[Step]:
     theta = np.asarray(rp.rope_frequencies(8))
     angles = np.arange(4)[:, None] * theta[None, :]
@@ -485,7 +500,8 @@ def _swinv2_extra() -> list[Step]:
 EXTRAS = {"bias": _bias_extra, "t5": _t5_extra, "alibi": _alibi_extra, "rope": _rope_extra,
           "xpos": _xpos_extra,
           "deberta": _deberta_extra, "kerple": _kerple_extra, "sandwich": _sandwich_extra,
-          "forgetting": _forgetting_extra, "fire": _fire_extra, "swinv2": _swinv2_extra}
+          "forgetting": _forgetting_extra, "fire": _fire_extra, "swinv2": _swinv2_extra,
+          "cope": _cope_extra}
 
 
 def preset_rows(scheme: str) -> str:

@@ -356,9 +356,9 @@ def default_cases() -> CaseRegistry:
     --------
     >>> reg = default_cases()
     >>> len(reg), len({c.scheme for c in reg}), len([c for c in reg if c.kind == "decode"])
-    (388, 18, 60)
+    (400, 19, 64)
     >>> sorted({c.scheme for c in reg})[:6]
-    ['absolute', 'alibi', 'bias', 'deberta', 'fire', 'forgetting']
+    ['absolute', 'alibi', 'bias', 'cope', 'deberta', 'fire']
     """
     from .decode import decode_base_cases
     from .default_suite import base_cases

@@ -206,6 +206,7 @@ def decode_base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
         ("forgetting", "decode", {**small, "h": 3, "per_head": True}),
         ("fire", "decode-beyond-l", {**small, "h": 3, "hidden": 16, "per_head": True,
                                      "c": 1.0, "L": 4.0}),
+        ("cope", "decode", {**small, "h": 3, "npos": 6, "per_head": True}),
         ("rope", "decode-yarn", {**small, "d": 16, "rotary_dim": 8, "base": 100.0,
                                  "scaling": {"rope_type": "yarn", "factor": 4.0,
                                              "original_max_position_embeddings": 16}}),

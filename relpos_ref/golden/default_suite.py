@@ -106,6 +106,12 @@ def base_cases() -> list[tuple[str, str, Mapping[str, Any]]]:
         ("fire", "bidirectional-masked", {"h": 2, "t_q": 6, "t_k": 6, "d": 8, "hidden": 16,
                                           "c": 2.0, "L": 2.0, "causal": False,
                                           "masked": True}),
+        # cope: contextual positions, the clamp at max_pos - 1 reached (3 rows), per head;
+        # a shared table, not causal, with a mask (its keys' gates are 0)
+        ("cope", "clamped-per-head", {"h": 3, "t_q": 6, "t_k": 6, "d": 8, "npos": 3,
+                                      "per_head": True}),
+        ("cope", "masked-bidirectional", {"h": 2, "t_q": 5, "t_k": 7, "d": 8, "npos": 8,
+                                          "causal": False, "masked": True}),
         # swin: 2D bias table of a window, non-square
         ("swin", "non-square", {"b": 2, "h": 3, "d": 8, "height": 2, "width": 3,
                                 "per_head": True}),

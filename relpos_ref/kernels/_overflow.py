@@ -45,6 +45,7 @@ MARGIN = 16
 _ROW_TABLES: dict[str, tuple[str, ...]] = {
     "shaw": ("key_table",), "general": ("table",), "music": ("table",),
     "grid2d": ("row_table", "col_table"),
+    "cope": ("table",),  # its term, q . e, unscaled: bounded as if scaled
 }
 
 

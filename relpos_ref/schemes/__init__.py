@@ -19,6 +19,7 @@ from __future__ import annotations
 from .absolute import absolute_attention, absolute_attention_vjp, absolute_index, absolute_logits
 from .alibi import alibi_attention, alibi_attention_vjp, alibi_bias, alibi_slopes
 from .bias import bias_attention, bias_attention_vjp, bias_logits
+from .cope import cope_attention, cope_attention_vjp, cope_gates, cope_positions, cope_term
 from .deberta import (
     deberta_attention,
     deberta_attention_vjp,
@@ -100,6 +101,11 @@ __all__ = [
     "bias_attention_vjp",
     "bias_logits",
     "convert_rope_weights",
+    "cope_attention",
+    "cope_attention_vjp",
+    "cope_gates",
+    "cope_positions",
+    "cope_term",
     "deberta_attention",
     "deberta_attention_vjp",
     "deberta_bucket",
