@@ -277,3 +277,21 @@ def test_the_mlp_by_blocks_of_rows_is_the_whole_evaluation_bit_for_bit(monkeypat
     monkeypatch.setattr(_fire_mlp, "HIDDEN_ENTRIES", 50)  # blocks of one or two rows
     np.testing.assert_array_equal(rp.fire_bias(*mlp, 7, 9, b2=b2, L=3.0, c=0.7, q_offset=2),
                                   whole)
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_the_vjp_by_blocks_of_rows_equals_one_block(monkeypatch, per_head):
+    # the MLP's backward pass holds no (H, t_q, t_k, m) array: blocks of rows, summed
+    from relpos_ref.schemes import _fire_mlp
+
+    rng = np.random.default_rng(10)
+    mlp, b2 = _mlp(rng, 3, m=4, per_head=per_head)
+    q, k, v, d_output = (rng.standard_normal((3, n, 4)) for n in (7, 9, 9, 7))
+    kwargs = {"b2": b2, "L": 3.0, "c": 0.7, "q_offset": 2, "d_output": d_output}
+    with kernels.disabled():
+        whole = rp.fire_attention_vjp(q, k, v, *mlp, **kwargs)
+        monkeypatch.setattr(_fire_mlp, "HIDDEN_ENTRIES", 50)  # blocks of one or two rows
+        blocks = rp.fire_attention_vjp(q, k, v, *mlp, **kwargs)
+    assert sorted(blocks) == sorted(whole)
+    for name, grad in whole.items():
+        np.testing.assert_allclose(blocks[name], grad, rtol=1e-13, atol=1e-13, err_msg=name)

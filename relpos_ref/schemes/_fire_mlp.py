@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import _xp
 
-__all__ = ["HIDDEN_ENTRIES", "mlp_output"]
+__all__ = ["HIDDEN_ENTRIES", "mlp_output", "mlp_vjp"]
 
 #: The most hidden-layer entries `mlp_output` holds at once (2**22: 32 MiB in float64).
 HIDDEN_ENTRIES = 2**22
@@ -86,10 +86,58 @@ def mlp_output(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
             [0.25, 0.5 , 0.75]]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(x)
-    t_q, t_k = x.shape
-    width = max(w1.shape[0] if w1.ndim == 3 else 1, b1.shape[0] if b1.ndim == 2 else 1)
-    rows = max(1, HIDDEN_ENTRIES // max(1, t_k * w1.shape[-2 if w1.ndim > 1 else 0] * width))
-    if t_q <= rows:
+    rows = _block_rows(x, w1, b1, w2)
+    if x.shape[0] <= rows:
         return _mlp(x, w1, b1, w2, b2)[2]
-    return xp.concat([_mlp(x[i:i + rows, :], w1, b1, w2, b2)[2] for i in range(0, t_q, rows)],
-                     axis=-2)
+    t_q = x.shape[0]
+    return xp.concat([_mlp(x[i:min(i + rows, t_q), :], w1, b1, w2, b2)[2]
+                      for i in range(0, t_q, rows)], axis=-2)
+
+
+def _block_rows(x: Any, w1: Any, b1: Any, w2: Any) -> int:
+    # query rows per block: at most HIDDEN_ENTRIES entries of a (H, rows, t_k, m) array
+    w1, b1, w2, _ = _tables(w1, b1, w2, None)
+    heads = max(w1.shape[0], b1.shape[0], w2.shape[0])
+    return max(1, HIDDEN_ENTRIES // max(1, x.shape[1] * w1.shape[-1] * heads))
+
+
+def mlp_vjp(x: Any, d_out: Any, w1: Any, b1: Any, w2: Any) -> tuple[Any, Any, Any, Any]:
+    """The MLP's VJP for the output's cotangent `d_out` ``(H, t_q, t_k)``, by blocks of rows.
+
+    Returns ``(d_x, d_w1, d_b1, d_w2)``: ``d_x`` ``(t_q, t_k)`` and the tables'
+    gradients ``(H, m)`` per output head (the caller sums them to the tables'
+    shapes); no ``(H, t_q, t_k, m)`` array, `HIDDEN_ENTRIES` entries at a time.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> x = xp.asarray([[0.0, 1.0]])  # f(x) = relu(x - 1/2): slope 1 past 1/2
+    >>> d_x, d_w1, d_b1, d_w2 = mlp_vjp(x, xp.ones((1, 1, 2)), xp.ones((1, 1)),
+    ...                                 xp.asarray([-0.5]), xp.ones((1, 1)))
+    >>> d_x  # the hidden unit is live at x = 1 only
+    Array([[0., 1.]], dtype=array_api_strict.float64)
+    >>> d_w2  # relu(1 - 1/2)
+    Array([[0.5]], dtype=array_api_strict.float64)
+    """
+    xp = _xp.array_namespace(x, d_out)
+    tw1, _, tw2, _ = _tables(w1, b1, w2, None)
+    heads, m = d_out.shape[0], tw1.shape[-1]
+    dev = _xp.device(x)
+    zero = xp.zeros((), dtype=x.dtype, device=dev)
+    d_w1 = d_b1 = d_w2 = xp.zeros((heads, m), dtype=x.dtype, device=dev)
+    d_x = []
+    rows = _block_rows(x, w1, b1, w2)
+    t_q = x.shape[0]
+    for i in range(0, t_q, rows):
+        xb, db = x[i:min(i + rows, t_q), :], d_out[:, i:min(i + rows, t_q), :]
+        pre, hidden, _ = _mlp(xb, w1, b1, w2, None)
+        n = xb.shape[0] * xb.shape[1]
+        flat = xp.reshape(hidden, (hidden.shape[0], n, m))
+        d_w2 = d_w2 + xp.matmul(xp.reshape(db, (heads, 1, n)), flat)[:, 0, :]
+        d_pre = xp.where(pre > 0, db[..., None] * tw2[:, None, None, :], zero)  # (H, b, t_k, m)
+        d_x.append(xp.sum(d_pre * tw1[:, None, None, :], axis=(0, -1)))
+        d_w1 = d_w1 + xp.sum(d_pre * xb[None, :, :, None], axis=(-3, -2))
+        d_b1 = d_b1 + xp.sum(d_pre, axis=(-3, -2))
+    if not d_x:  # no query rows
+        return xp.zeros(x.shape, dtype=x.dtype, device=dev), d_w1, d_b1, d_w2
+    return xp.concat(d_x, axis=0), d_w1, d_b1, d_w2

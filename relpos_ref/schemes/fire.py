@@ -64,7 +64,7 @@ from .._validate import as_float, as_int, nonnegative_int
 from ..attention import attention
 from ..calls import Call, Defaults, computes_in_float32, resolve_call
 from ..gradients import check_d_output, core_vjp, forward, sum_to_shape
-from ._fire_mlp import _check_mlp, _mlp, _tables, mlp_output
+from ._fire_mlp import _check_mlp, _tables, mlp_output, mlp_vjp
 
 __all__ = [
     "DEFAULTS",
@@ -415,7 +415,7 @@ def fire_attention_vjp(
     wide = _wide(xp, q.dtype, dev, call.t_q, call.t_k, call.q_offset)
     parts = _parts(xp, call.t_q, call.t_k, c, L, float(eps), call.q_offset, wide, dev)
     x = xp.astype(parts["x"], q.dtype)
-    pre, hidden, out = _mlp(x, w1, b1, w2, b2)
+    out = mlp_output(x, w1, b1, w2, b2)  # (H, t_q, t_k), a block of rows at a time
     bias = out if heads is not None else out[0, ...]
     fwd = forward(q, k, call, mask=mask, bias=bias)
     core = core_vjp(q, k, v, d_output, call, fwd)
@@ -424,19 +424,13 @@ def fire_attention_vjp(
         d_bias = d_bias[None, ...]
     d_out = sum_to_shape(d_bias, tuple(out.shape))  # (H, t_q, t_k)
     tw1, tb1, tw2, _ = _tables(w1, b1, w2, b2)
-    zero = xp.zeros((), dtype=pre.dtype, device=dev)
-    d_w2 = xp.sum(d_out[..., None] * hidden, axis=(-3, -2))  # (H, m)
-    d_hidden = d_out[..., None] * tw2[:, None, None, :]  # (H, t_q, t_k, m)
-    d_pre = xp.where(pre > 0, d_hidden, zero)
-    d_x = xp.sum(d_pre * tw1[:, None, None, :], axis=(0, -1))  # (t_q, t_k)
+    d_x, d_w1, d_b1, d_w2 = mlp_vjp(x, d_out, w1, b1, w2)  # no (H, t_q, t_k, m) array
     d_c, d_l = _parameter_gradients(xp, parts, xp.astype(d_x, wide), c, L)
     grads = {
         "q": sum_to_shape(core.dq, q.shape), "k": sum_to_shape(core.dk, k.shape),
         "v": sum_to_shape(core.dv, v.shape),
-        "w1": xp.reshape(sum_to_shape(xp.sum(d_pre * x[None, :, :, None], axis=(-3, -2)),
-                                      tuple(tw1.shape)), w1.shape),
-        "b1": xp.reshape(sum_to_shape(xp.sum(d_pre, axis=(-3, -2)), tuple(tb1.shape)),
-                         b1.shape),
+        "w1": xp.reshape(sum_to_shape(d_w1, tuple(tw1.shape)), w1.shape),
+        "b1": xp.reshape(sum_to_shape(d_b1, tuple(tb1.shape)), b1.shape),
         "w2": xp.reshape(sum_to_shape(d_w2, tuple(tw2.shape)), w2.shape),
     }
     if b2 is not None:  # softmax takes a row's constant away: exactly 0
