@@ -247,7 +247,8 @@ def scheme_panels(name: str) -> list[tuple[np.ndarray, str]]:
             panels.append((np.asarray(value), f"{key} ({what})" if what else key))
     if entry.rotate is not None:
         rq, rk = entry.rotate(q, k, q_offset=off, options=options)
-        panels.append((np.asarray(rq[0] @ rk[0].T), "rotated q_i . rotated k_j"))
+        if rq is not q or rk is not k:  # Swin v2 without cosine attention keeps q and k
+            panels.append((np.asarray(rq[0] @ rk[0].T), "rotated q_i . rotated k_j"))
     _, full = entry.check_call(q, k, v, tables, options=options)
     position, bias = entry.terms(q, k, tables, q_offset=off, i0=0, j0=0, options=full,
                                  method="efficient")
