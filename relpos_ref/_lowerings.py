@@ -219,10 +219,18 @@ def forgetting_form(q, k, v, tables, *, call, mask, options):
 
 def fire_form(q, k, v, tables, *, call, mask, options):
     # the normaliser psi(max(|L|, i + q_offset)) reads the query's absolute position: the
-    # bias is no function of the distance alone, so it is dense, the specification's
+    # bias is no function of the distance alone, so it is dense: the specification's inputs,
+    # and the MLP as the piecewise-linear function it is (two coefficients per pair, not m)
+    from ._fire_pieces import mlp_by_pieces
+
     mlp = [_wide(tables[n]) for n in fire.TABLES]
     given = {n: _wide(x) if hasattr(x, "shape") else x for n, x in options.items()}
-    bias = fire.fire_bias(*mlp, call.t_q, call.t_k, q_offset=call.q_offset, **given)
+    b2 = given.pop("b2", None)
+    x = fire.fire_inputs(call.t_q, call.t_k, q_offset=call.q_offset, xp=call.xp,
+                         dtype=mlp[0].dtype, device=_xp.device(mlp[0]), **given)
+    bias = mlp_by_pieces(x, *mlp, b2)
+    if fire._check_mlp(*mlp, b2) is None:
+        bias = bias[0, ...]  # one output for every head, as fire_bias gives it
     return DistanceForm(q, k, v, call, mask, dense=(None, bias))
 
 

@@ -16,6 +16,7 @@ MODULES = [
     "relpos_ref._validate",
     "relpos_ref._adapters",
     "relpos_ref._rope_adapters",
+    "relpos_ref._fire_pieces",
     "relpos_ref.positions",
     "relpos_ref.layouts",
     "relpos_ref.attention",

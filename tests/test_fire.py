@@ -295,3 +295,27 @@ def test_the_vjp_by_blocks_of_rows_equals_one_block(monkeypatch, per_head):
     assert sorted(blocks) == sorted(whole)
     for name, grad in whole.items():
         np.testing.assert_allclose(blocks[name], grad, rtol=1e-13, atol=1e-13, err_msg=name)
+
+
+@given(data=st.data())
+def test_the_lowering_s_piecewise_mlp_equals_the_unit_sums(data):
+    # breakpoints hit exactly, shared by two units, units with zero slope, one MLP per head
+    from relpos_ref._fire_pieces import mlp_by_pieces
+    from relpos_ref.schemes._fire_mlp import mlp_output
+
+    m = data.draw(st.integers(1, 6), label="m")
+    heads = data.draw(st.sampled_from([None, 2]), label="heads")
+    small = st.sampled_from([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0])
+    lead = () if heads is None else (heads,)
+    w1 = np.asarray(data.draw(st.lists(small, min_size=m, max_size=m)) * (heads or 1))
+    b1 = np.asarray(data.draw(st.lists(small, min_size=m, max_size=m)) * (heads or 1))
+    w1, b1 = w1.reshape(*lead, m, 1), b1.reshape(*lead, m)
+    out = heads or 3  # one MLP per head, or one hidden layer for three outputs
+    w2 = np.asarray(data.draw(st.lists(small, min_size=out * m, max_size=out * m)))
+    w2 = w2.reshape(out, m)
+    b2 = np.asarray(data.draw(st.lists(small, min_size=out, max_size=out)))
+    x = np.asarray(data.draw(st.lists(st.sampled_from([-4.0, -1.0, -0.25, 0.0, 0.25, 0.5,
+                                                        1.0, 2.0, 3.5]),
+                                      min_size=6, max_size=6))).reshape(2, 3)
+    np.testing.assert_allclose(mlp_by_pieces(x, w1, b1, w2, b2), mlp_output(x, w1, b1, w2, b2),
+                               rtol=0, atol=1e-12)
