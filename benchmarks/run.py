@@ -31,8 +31,9 @@ writes a JSON file (machine, library versions, date, every measurement) to
 9. the targets of issues 7, 14, 16, 17, 28 and 30, each marked met or missed.
 
 The schemes, their tables and their benchmark sizes come from `relpos_ref.catalog`;
-``--schemes kerple,xpos`` times only those (and plain attention, and RoPE's variants
-only when ``rope`` is named).
+``--schemes kerple,xpos`` limits the scheme and backward tables to those (and plain
+attention), and runs RoPE's variants only when ``rope`` is named; the other sections
+(the peer, SDPA, blocked) run as usual unless switched off by their own options.
 
 Timings are for comparing within one run; the machine is shared and noisy.
 """
@@ -766,8 +767,9 @@ def main(argv: list[str] | None = None) -> int:
                              "beside SDPA (compiled: its fused kernel, about 30 s to compile "
                              "on a CPU)")
     parser.add_argument("--schemes", type=_scheme_names, default=None,
-                        help="comma-separated catalog schemes to time (plain always runs); "
-                             "RoPE's variants run only when rope is named")
+                        help="comma-separated catalog schemes for the scheme and backward "
+                             "tables (plain always runs); RoPE's variants run only when rope "
+                             "is named")
     parser.add_argument("--no-backward", dest="backward", action="store_false",
                         help="skip the backward passes (issue 16: VJP <= 2.5x the forward)")
     args = parser.parse_args(argv)

@@ -8,13 +8,14 @@ breakpoints ``z_n = -b_{1n} / w_{1n}``:
           B_{hk} = b^{(h)}_2 + \sum_{n \in S_k} w^{(h)}_{2n} b_{1n}
 
 with ``S_k`` the units live on the ``k``-th interval and ``k`` found by a
-binary search of the sorted breakpoints. The specification
+binary search of the sorted breakpoints: a rising unit (``w_{1n} > 0``) is
+live where ``z_n < x``, a falling one where ``z_n > x``, each strictly (at its
+breakpoint a unit is 0 and passes no gradient, as the specification's). The specification
 (`relpos_ref.schemes._fire_mlp`) evaluates the ``m`` hidden units of every
 pair; this evaluates two coefficients, so the lowering's dense bias costs
 ``O(t_q t_k log m)`` instead of ``O(t_q t_k m)``. ``f`` is continuous (a
-unit is 0 at its breakpoint), so a pair exactly at a breakpoint reads
-either side's line; the two differ from the unit sums by rounding only
-(tests/test_lowering.py proves the lowered calls equal to the specification).
+unit is 0 at its breakpoint); the sums by rank differ from the unit sums by
+rounding only (tests/test_fire.py and tests/test_lowering.py prove it).
 """
 
 from __future__ import annotations
@@ -22,36 +23,51 @@ from __future__ import annotations
 from typing import Any
 
 from . import _xp
-from .schemes._fire_mlp import _tables
+from .schemes._fire_mlp import _tables, mlp_output
 
 __all__ = ["mlp_by_pieces"]
 
 
-def _pieces(w1: Any, b1: Any, w2: Any, b2: Any) -> tuple[Any, Any, Any]:
-    # per head: the sorted breakpoints (H, m) and each interval's A, B (H, m + 1)
-    xp = _xp.array_namespace(w1)
+def _prefix(xp: Any, x: Any) -> Any:
+    # [0, x_0, x_0 + x_1, ...]: the sums of the first k entries, k = 0 .. n
+    return xp.concat([xp.zeros((1,), dtype=x.dtype, device=_xp.device(x)),
+                      xp.cumulative_sum(x)])
+
+
+def _one_head(xp: Any, flat: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
+    # f(x) for one head: the rising units (w1 > 0) live where z < x, the falling ones where
+    # z > x, strictly (at its breakpoint a unit is 0 and passes no gradient, as the
+    # specification's pre > 0 has it); sums over the live ones by rank, from prefix sums
     dev = _xp.device(w1)
-    w1, b1, w2, b2 = _tables(w1, b1, w2, b2)
-    heads = max(w1.shape[0], b1.shape[0], w2.shape[0], b2.shape[0])
-    m = w1.shape[-1]
-    w1, b1, w2 = (xp.broadcast_to(t, (heads, m)) for t in (w1, b1, w2))
-    b2 = xp.broadcast_to(b2, (heads,))
-    moving = w1 != 0
-    one = xp.ones((), dtype=w1.dtype, device=dev)
-    z = xp.where(moving, -b1 / xp.where(moving, w1, one), xp.zeros_like(w1))
-    z_sorted = xp.sort(z, axis=-1)
-    # a point inside each interval: before the first breakpoint, between two, after the last
-    inner = (z_sorted[:, :-1] + z_sorted[:, 1:]) / 2
-    points = xp.concat([z_sorted[:, :1] - 1, inner, z_sorted[:, -1:] + 1], axis=-1)  # (H, m+1)
-    live = (w1[:, None, :] * points[:, :, None] + b1[:, None, :]) > 0  # (H, m + 1, m)
     zero = xp.zeros((), dtype=w1.dtype, device=dev)
-    slope = xp.sum(xp.where(live, (w2 * w1)[:, None, :], zero), axis=-1)
-    intercept = xp.sum(xp.where(live, (w2 * b1)[:, None, :], zero), axis=-1) + b2[:, None]
-    return z_sorted, slope, intercept
+    one = zero + 1.0
+    inf = xp.asarray(float("inf"), dtype=w1.dtype, device=dev)
+    rise, fall = w1 > zero, w1 < zero
+    z = xp.where(rise | fall, -b1 / xp.where(rise | fall, w1, one), zero)
+    slope, intercept = w2 * w1, w2 * b1
+    order = xp.argsort(xp.where(rise, z, inf))  # rising by breakpoint, the others after
+    z_rise = xp.take(xp.where(rise, z, inf), order)
+    a_rise = _prefix(xp, xp.take(xp.where(rise, slope, zero), order))
+    b_rise = _prefix(xp, xp.take(xp.where(rise, intercept, zero), order))
+    order = xp.argsort(xp.where(fall, z, -inf))  # the others first, then falling ones
+    z_fall = xp.take(xp.where(fall, z, -inf), order)
+    a_fall = _prefix(xp, xp.take(xp.where(fall, slope, zero), order))
+    b_fall = _prefix(xp, xp.take(xp.where(fall, intercept, zero), order))
+    flat_units = (~rise) & (~fall) & (b1 > zero)  # slope 0: a constant where b1 > 0
+    constant = xp.sum(xp.where(flat_units, intercept, zero)) + b2
+    below = xp.searchsorted(z_rise, flat, side="left")  # rising units with z < x
+    upto = xp.searchsorted(z_fall, flat, side="right")  # the others and falling, z <= x
+    a = xp.take(a_rise, below) + (a_fall[-1] - xp.take(a_fall, upto))
+    b = xp.take(b_rise, below) + (b_fall[-1] - xp.take(b_fall, upto))
+    return a * flat + (b + constant)
 
 
 def mlp_by_pieces(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
     """FIRE's MLP output ``(H, t_q, t_k)`` at the inputs `x` ``(t_q, t_k)``, by its pieces.
+
+    Tables that are not all finite are evaluated unit by unit
+    (`relpos_ref.schemes._fire_mlp.mlp_output`): a NaN weight makes the bias NaN,
+    as the specification's.
 
     Examples
     --------
@@ -62,10 +78,14 @@ def mlp_by_pieces(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
             [0.25, 0.5 , 0.75]]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(x, w1)
-    z, slope, intercept = _pieces(w1, b1, w2, b2)
+    tables = [t for t in (w1, b1, w2, b2) if t is not None]
+    if not all(bool(xp.all(xp.isfinite(t))) for t in tables):
+        return mlp_output(x, w1, b1, w2, b2)
+    tw1, tb1, tw2, tb2 = _tables(w1, b1, w2, b2)
+    heads = max(tw1.shape[0], tb1.shape[0], tw2.shape[0], tb2.shape[0])
+    m = tw1.shape[-1]
+    tw1, tb1, tw2 = (xp.broadcast_to(t, (heads, m)) for t in (tw1, tb1, tw2))
+    tb2 = xp.broadcast_to(tb2, (heads,))
     flat = xp.reshape(x, (-1,))
-    out = []
-    for h in range(z.shape[0]):
-        k = xp.searchsorted(z[h, :], flat, side="right")  # breakpoints at or below x
-        out.append(xp.take(slope[h, :], k) * flat + xp.take(intercept[h, :], k))
-    return xp.reshape(xp.stack(out), (z.shape[0], *x.shape))
+    out = [_one_head(xp, flat, tw1[h, :], tb1[h, :], tw2[h, :], tb2[h]) for h in range(heads)]
+    return xp.reshape(xp.stack(out), (heads, *x.shape))

@@ -319,3 +319,35 @@ def test_the_lowering_s_piecewise_mlp_equals_the_unit_sums(data):
                                       min_size=6, max_size=6))).reshape(2, 3)
     np.testing.assert_allclose(mlp_by_pieces(x, w1, b1, w2, b2), mlp_output(x, w1, b1, w2, b2),
                                rtol=0, atol=1e-12)
+
+
+def test_the_kernels_pass_no_gradient_through_a_unit_at_its_breakpoint():
+    # b1 = 0: every diagonal pair has x = 0, each rising unit's breakpoint, where relu passes
+    # no gradient (the specification's pre > 0); the torch kernel's autograd reads the lowering
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    rng = np.random.default_rng(0)
+    q, k, v, d_output = (rng.standard_normal((2, 4, 3)) for _ in range(4))
+    w1, b1, w2 = np.abs(rng.standard_normal((5, 1))) + 0.1, np.zeros(5), rng.standard_normal((2, 5))
+    with kernels.disabled():
+        want = rp.fire_attention_vjp(q, k, v, w1, b1, w2, d_output=d_output, L=3.0)
+    got = rp.fire_attention_vjp(*(torch.from_numpy(a) for a in (q, k, v, w1, b1, w2)),
+                                d_output=torch.from_numpy(d_output), L=3.0)
+    for name, grad in want.items():
+        np.testing.assert_allclose(np.asarray(got[name]), grad, rtol=1e-12, atol=1e-12,
+                                   err_msg=name)
+
+
+def test_the_lowering_s_mlp_keeps_nan_weights_and_flat_units():
+    from relpos_ref._fire_pieces import mlp_by_pieces
+    from relpos_ref.schemes._fire_mlp import mlp_output
+
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((2, 4, 3)) for _ in range(3))
+    out = rp.fire_attention(q, k, v, np.asarray([[np.nan], [1.0]]), np.zeros(2),
+                            np.ones((2, 2)), L=3.0)  # the NumPy kernel, through the lowering
+    assert np.isnan(out).all()
+    for dtype, tiny in ((np.float32, 1e-8), (np.float64, 1e-17)):  # breakpoints at -5e7, -5e16
+        x = np.asarray([[0.3, 0.7]], dtype=dtype)
+        args = (np.asarray([[tiny]], dtype=dtype), np.asarray([0.5], dtype=dtype),
+                np.ones((1, 1), dtype=dtype), None)
+        np.testing.assert_allclose(mlp_by_pieces(x, *args), mlp_output(x, *args), rtol=1e-6)

@@ -49,8 +49,9 @@ distance for every row, ``r = c - (B - 1) - a - q_offset`` (entry
 ``(i', j)`` at column ``j + B - 1 - i'``, `skew_view`; the two triangles
 outside are zero). In it a distance-only term is a column constant, a
 per-distance table's term the product ``q_B window^T`` (`tile_rows`), each
-added to the scores through the view; the transposes, from :math:`\bar{l}`
-copied into the tile, are column sums and the products ``tile window`` and
+added to the scores through the view (`relpos_ref.kernels._numpy_vjp_tiles`); the
+transposes, from :math:`\bar{l}` copied into the tile, are column sums and the
+products ``tile window`` and
 ``tile^T q_B`` (`tile_products`; what `relpos_ref.gradients.by_distance` lays
 out, without the ``(t_q, t_q + t_k - 1)`` array), both by sub-blocks of
 `TILE_ROWS` rows, each over the ``W + S - 1`` columns it reaches. The scores

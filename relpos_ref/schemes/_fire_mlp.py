@@ -124,7 +124,7 @@ def mlp_vjp(x: Any, d_out: Any, w1: Any, b1: Any, w2: Any) -> tuple[Any, Any, An
     heads, m = d_out.shape[0], tw1.shape[-1]
     dev = _xp.device(x)
     zero = xp.zeros((), dtype=x.dtype, device=dev)
-    d_w1 = d_b1 = d_w2 = xp.zeros((heads, m), dtype=x.dtype, device=dev)
+    d_w1, d_b1, d_w2 = (xp.zeros((heads, m), dtype=x.dtype, device=dev) for _ in range(3))
     d_x = []
     rows = _block_rows(x, w1, b1, w2)
     t_q = x.shape[0]
