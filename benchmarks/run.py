@@ -138,8 +138,11 @@ def _inputs(backend, dtype, heads, t, d, seed=0, device=None):
     return arr, tuple(arr(1, heads, t, d) for _ in range(3))
 
 
-def scheme_cases(arr, heads: int, t: int, d: int, k_max: int) -> dict[str, Callable]:
-    """label -> call(q, k, v, method) for plain attention and every scheme of the catalog.
+def scheme_cases(arr, heads: int, t: int, d: int, k_max: int,
+                 schemes: tuple[str, ...] | None = None) -> dict[str, Callable]:
+    """label -> call(q, k, v, method) for plain attention and the catalog's schemes.
+
+    Every scheme, or those `schemes` names (the others' tables are not made).
 
     Each call has ``call.backward(q, k, v, d_output)``: the scheme's public VJP on the
     same arguments (``relpos_ref.<scheme>_attention_vjp``, the specification's
@@ -158,7 +161,7 @@ def scheme_cases(arr, heads: int, t: int, d: int, k_max: int) -> dict[str, Calla
     plain.backward = lambda q, k, v, d_output: rp.attention_vjp(q, k, v, d_output=d_output)
     cases = {"plain": plain}
     for entry in catalog.SCHEMES.values():
-        if entry.name == "plain":
+        if entry.name == "plain" or (schemes is not None and entry.name not in schemes):
             continue
         settings = entry.benchmark(t)
         per_head = settings.pop("per_head", False)
@@ -299,14 +302,6 @@ def _scheme_names(text: str) -> tuple[str, ...]:
 
 def _schemes_of(cases: dict[str, Callable]) -> set[str]:
     return {label.split()[0] for label in cases}
-
-
-def _chosen(cases: dict[str, Callable], schemes: tuple[str, ...] | None) -> dict[str, Callable]:
-    """`cases` of plain attention and of `schemes` (all of them for ``None``)."""
-    if schemes is None:
-        return cases
-    return {label: call for label, call in cases.items()
-            if label.split()[0] in ("plain", *schemes)}
 
 
 def _label(cases: dict[str, Callable], scheme: str) -> str:
@@ -792,7 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         return _write(results, _distributed_targets(results["distributed"]), args, backend,
                       device)
     arr, (q, k, v) = _inputs(backend, args.dtype, h, t, d, device=device)
-    cases = _chosen(scheme_cases(arr, h, t, d, args.k_max), args.schemes)
+    cases = scheme_cases(arr, h, t, d, args.k_max, args.schemes)
     results: dict[str, Any] = {"schemes": [], "methods": [], "peer": None, "blocked": [],
                                "backward": []}
     def plain_call():
@@ -880,7 +875,7 @@ def main(argv: list[str] | None = None) -> int:
     small = {}
     if td > 0:
         arr_d, (qd, kd, vd) = _inputs(backend, args.dtype, h, td, d, seed=1, device=device)
-        small = _chosen(scheme_cases(arr_d, h, td, d, args.k_max), args.schemes)
+        small = scheme_cases(arr_d, h, td, d, args.k_max, args.schemes)
         print(f"\nefficient vs definition, t = {td}")
         print(f"{'scheme':<28} {'efficient':>9} {'definition':>10} {'speed-up':>9} "
               f"{'peak eff':>9} {'peak def':>9}")

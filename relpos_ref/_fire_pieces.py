@@ -43,17 +43,20 @@ def _one_head(xp: Any, flat: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
     one = zero + 1.0
     inf = xp.asarray(float("inf"), dtype=w1.dtype, device=dev)
     rise, fall = w1 > zero, w1 < zero
-    z = xp.where(rise | fall, -b1 / xp.where(rise | fall, w1, one), zero)
+    moving = rise | fall
+    z = xp.where(moving, -b1 / xp.where(moving, w1, one), zero)
     slope, intercept = w2 * w1, w2 * b1
-    order = xp.argsort(xp.where(rise, z, inf))  # rising by breakpoint, the others after
-    z_rise = xp.take(xp.where(rise, z, inf), order)
+    z_rise = xp.where(rise, z, inf)  # rising by breakpoint, the others after
+    order = xp.argsort(z_rise)
+    z_rise = xp.take(z_rise, order)
     a_rise = _prefix(xp, xp.take(xp.where(rise, slope, zero), order))
     b_rise = _prefix(xp, xp.take(xp.where(rise, intercept, zero), order))
-    order = xp.argsort(xp.where(fall, z, -inf))  # the others first, then falling ones
-    z_fall = xp.take(xp.where(fall, z, -inf), order)
+    z_fall = xp.where(fall, z, -inf)  # the others first, then falling ones
+    order = xp.argsort(z_fall)
+    z_fall = xp.take(z_fall, order)
     a_fall = _prefix(xp, xp.take(xp.where(fall, slope, zero), order))
     b_fall = _prefix(xp, xp.take(xp.where(fall, intercept, zero), order))
-    flat_units = (~rise) & (~fall) & (b1 > zero)  # slope 0: a constant where b1 > 0
+    flat_units = (~moving) & (b1 > zero)  # slope 0: a constant where b1 > 0
     constant = xp.sum(xp.where(flat_units, intercept, zero)) + b2
     below = xp.searchsorted(z_rise, flat, side="left")  # rising units with z < x
     upto = xp.searchsorted(z_fall, flat, side="right")  # the others and falling, z <= x

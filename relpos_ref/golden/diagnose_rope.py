@@ -42,6 +42,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..schemes import xpos
 from ..schemes.rope_scaling import attention_factor, call_length, check_scaling
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["ANGLE_POSITIONS", "rope_variants", "xpos_variants"]
 
 #: xPos's rotation arguments, as `relpos_ref.schemes.xpos.xpos_rotate` takes them.
-_XPOS_ROTATION = ("base", "rotary_dim", "layout", "scale_base", "scale_offset", "center")
+_XPOS_ROTATION = xpos.ROTATION
 
 #: The largest position from which the angle variants are tried: ``2**16``.
 ANGLE_POSITIONS = 2**16
@@ -147,14 +148,12 @@ def _decay_inverted(call: Call) -> Call:
     # plain attention on them (a decode plan slices these rows and keys per step)
     import numpy as np
 
-    from ..schemes.xpos import xpos_rotate
-
     rotation = {n: call.kwargs[n] for n in _XPOS_ROTATION if n in call.kwargs}
     t_q, t_k = call.q.shape[-2], call.k.shape[-2]
     q_offset = call.kwargs.get("q_offset")
     q_offset = 0 if q_offset is None else q_offset
     length = call_length(t_q, t_k, q_offset)
-    q = xpos_rotate(call.q, offset=q_offset, key=True, length=length, **rotation)
-    k = xpos_rotate(call.k, offset=0, key=False, length=length, **rotation)
+    q = xpos.xpos_rotate(call.q, offset=q_offset, key=True, length=length, **rotation)
+    k = xpos.xpos_rotate(call.k, offset=0, key=False, length=length, **rotation)
     plain = {n: value for n, value in call.kwargs.items() if n not in _XPOS_ROTATION}
     return call.replace(q=q, k=k, kwargs=plain, bias=np.zeros((t_q, t_k)))

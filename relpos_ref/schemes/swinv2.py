@@ -458,13 +458,12 @@ def swinv2_attention_vjp(
     }
     if logit_scale is None:  # in the order of the arguments, as the kernels give them
         return {"q": sum_to_shape(core.dq, q.shape), "k": sum_to_shape(core.dk, k.shape), **out}
+    grads = {"q": sum_to_shape(_normalize_vjp(xp, q, q_hat, core.dq * tau), q.shape),
+             "k": sum_to_shape(_normalize_vjp(xp, k, k_hat, core.dk), k.shape), **out}
     if _one_number(logit_scale):  # a constant: no gradient of its own
-        return {"q": sum_to_shape(_normalize_vjp(xp, q, q_hat, core.dq * tau), q.shape),
-                "k": sum_to_shape(_normalize_vjp(xp, k, k_hat, core.dk), k.shape), **out}
+        return grads
     d_tau = xp.sum(core.dq * q_hat, axis=(-2, -1))  # (..., h)
     below = logit_scale <= MAX_LOGIT_SCALE  # torch.clamp(max=) passes the gradient at the max
     d_log = xp.where(below, sum_to_shape(d_tau * tau[..., 0, 0], logit_scale.shape),
                      xp.zeros((), dtype=logit_scale.dtype, device=device))
-    return {"q": sum_to_shape(_normalize_vjp(xp, q, q_hat, core.dq * tau), q.shape),
-            "k": sum_to_shape(_normalize_vjp(xp, k, k_hat, core.dk), k.shape), **out,
-            "logit_scale": d_log}
+    return {**grads, "logit_scale": d_log}
