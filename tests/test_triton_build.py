@@ -51,3 +51,18 @@ def test_kernel_variants_build_for_hopper_fit_and_use_tensor_cores():
         if report["variant"] in ("plain-float16", "bias-float16", "grid2d-float16",
                                  "bias-float16-dq", "bias-float16-dkdv"):
             assert report["wgmma"], report  # tiles of 64 queries: Hopper's warp-group products
+
+
+def test_every_scheme_has_its_variants_lowered():
+    # the variants of every catalog scheme are found (lowered, not built): a causal-only
+    # scheme has no variant without causal, a scheme on a window gets its window's size
+    from relpos_ref import catalog
+    from relpos_ref.kernels._triton_variants import SCHEMES_WITH, variants
+
+    found = variants(dtypes=("float32",))
+    assert {"forgetting", "swinv2", "cope", "fire"} <= set(catalog.names())
+    assert "plain-float32" in found and "plain-float32-causal" in found
+    assert "swinv2-float32" in found or "swin-float32" in found or "grid2d-float32" in found
+    assert not any(name.startswith(tuple(SCHEMES_WITH)) and name.endswith("-causal")
+                   for name in found)
+    assert all(warps in (4, 8) for _, _, warps in found.values())
