@@ -25,6 +25,8 @@ writes a JSON file (machine, library versions, date, every measurement) to
    (``--flex``): a hand-written bias score_mod against our bias attention, and the
    score_mods `relpos_ref.flex` exports for bias, T5 and ALiBi against hand-written
    ones and against SDPA with the bias materialized as ``(1, h, t, t)`` (issue 30);
+   every scheme's forward against SDPA with a ``(1, h, t, t)`` bias, its VJP against torch's
+   autograd through that call (``benchmarks/torch_bounds.py``, issue 30's bounds);
 8. RoPE's frequency scalings, float32 angles and axis layouts (issue 28) against plain
    RoPE, each timed interleaved with `relpos_ref.rope_attention` unscaled
    (`rope_variants`, `rope_axis_variants`);
@@ -93,6 +95,16 @@ def _timed_against(backend: Any, fn: Callable[[], Any], baseline: Callable[[], A
             into.append(time.perf_counter() - start)
     ratio = statistics.median(a / b for a, b in zip(ours, base, strict=True))
     return statistics.median(ours), statistics.median(base), ratio
+
+
+def _sibling(name: str) -> Any:
+    """A module of this script's folder (benchmarks/ is not a package), loaded once."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def _peak_bytes(backend: Any, fn: Callable[[], Any], device: str = "cpu") -> int | None:
@@ -842,6 +854,12 @@ def main(argv: list[str] | None = None) -> int:
         for row in results["sdpa"]:
             print(f"{row['case']:<28} {row['seconds'] * 1e3:9.1f} "
                   f"{row['sdpa_seconds'] * 1e3:9.1f} {row['ratio_to_sdpa']:9.2f}x")
+        bounds = _sibling("torch_bounds")
+        mask = rp.bias_logits(bias_table, t, t)[None]  # (1, h, t, t): SDPA's fast form
+        results["torch_bounds"] = bounds.torch_bounds(
+            _timed_against, backend, cases, q, k, v, arr(1, h, t, d), mask, args.repeat,
+            backward=args.backward)
+        bounds.print_bounds(results["torch_bounds"])
         if args.flex != "off":
             flex = results["flex"] = flex_comparison(backend, q, k, v, bias_table, args.k_max,
                                                      args.repeat, args.flex)
@@ -926,6 +944,8 @@ def main(argv: list[str] | None = None) -> int:
     targets += [(f"rope {row['variant']} <= 1.1x plain rope", row["ratio_to_rope"],
                  row["ratio_to_rope"] <= 1.1)
                 for row in results["rope"] if row["variant"] != "float32-angles"]
+    if "torch_bounds" in results:
+        targets += _sibling("torch_bounds").bound_targets(results["torch_bounds"])
     targets += [(f"{row['scheme'].split()[0]} backward <= 2.5x its forward",
                  row["ratio_to_forward"], row["ratio_to_forward"] <= 2.5)
                 for row in results["backward"]]
@@ -940,7 +960,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"t={results['unblocked']['t']}", share, share >= 0.5))
     standard = (backend.name, args.dtype, h, t, d, args.k_max) == ("numpy", "float32", 8, 1024,
                                                                     64, 16)
-    print("\ntargets (issues 7, 14, 16 and 28)" + ("" if standard else
+    print("\ntargets (issues 7, 14, 16, 28 and 30)" + ("" if standard else
           ": set for NumPy float32, 8 heads, t = 1024, d = 64, K = 16; this run differs, "
           "so they are for reference only"))
     for text, value, met in targets:

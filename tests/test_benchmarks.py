@@ -29,7 +29,7 @@ def test_benchmark_suite_runs_and_writes_its_json(bench, tmp_path, capsys):
                        "--t-unblocked", "128", "--out", str(tmp_path)])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "targets (issues 7, 14, 16 and 28)" in printed and "vs plain" in printed
+    assert "targets (issues 7, 14, 16, 28 and 30)" in printed and "vs plain" in printed
     assert "RoPE's scalings against plain RoPE" in printed
     assert "throughput >= 50% of unblocked t=128" in printed
     assert "backward pass (the public VJP)" in printed
@@ -50,7 +50,7 @@ def test_benchmark_suite_runs_and_writes_its_json(bench, tmp_path, capsys):
     assert sum(t["target"].endswith("<= 1.1x plain rope") for t in report["targets"]) == 12
     assert {row["scheme"].split()[0] for row in report["backward"]} == schemes
     assert all(row["seconds"] > 0 and row["ratio_to_forward"] > 0 for row in report["backward"])
-    assert "sdpa" not in report  # torch only
+    assert "sdpa" not in report and "torch_bounds" not in report  # torch only
     blocked = {(row["scheme"], row["causal"]): row for row in report["blocked"]}
     assert set(blocked) == {("plain", False), ("plain", True), ("bias", False),
                             ("alibi", True), ("shaw", True)}
@@ -72,11 +72,15 @@ def test_benchmark_suite_on_torch_compares_with_sdpa(bench, tmp_path, capsys, mo
         return dispatched(*args, **kwargs)
 
     monkeypatch.setattr(rp, "blocked_attention", counted)
+    # glibc's settings stay as they are in this test process (mallopt has no undo)
+    monkeypatch.setattr(bench._sibling("torch_bounds"), "steady_allocator", lambda: "as is")
     # FlexAttention eager (its unfused path, quick to start; the suite compiles by default)
+    # three schemes: the NumPy run above times every one; this checks torch's own sections
     code = bench.main(["--backend", "torch", "--t", "64", "--heads", "2", "--d", "8",
                        "--k-max", "4", "--repeat", "1", "--t-definition", "32",
                        "--t-blocked", "256", "--t-unblocked", "0", "--block-size", "64",
-                       "--flex", "eager", "--out", str(tmp_path)])
+                       "--flex", "eager", "--schemes", "bias,shaw,deberta",
+                       "--out", str(tmp_path)])
     assert code == 0
     printed = capsys.readouterr().out
     listed = ", ".join(sorted(rp.kernels.blocked_kernels("torch")))
@@ -95,6 +99,20 @@ def test_benchmark_suite_on_torch_compares_with_sdpa(bench, tmp_path, capsys, mo
     assert set(cases) == {"plain", "bias, (1, h, t, t) attn_mask"}
     assert all(row["seconds"] > 0 and row["ratio_to_sdpa"] > 0 for row in cases.values())
     assert not any(target["applies"] for target in report["targets"])
+    bounds = report["torch_bounds"]  # issue 30's bounds: every scheme, forward and VJP
+    assert {row["scheme"].split()[0] for row in bounds["schemes"]} == {
+        "plain", "bias", "shaw", "deberta"}
+    assert {row["scheme"] for row in bounds["schemes"]} == {
+        row["scheme"] for row in report["schemes"]}
+    for row in bounds["schemes"]:
+        assert row["seconds"] > 0 and row["sdpa_bias_seconds"] > 0 and row["vjp_seconds"] > 0
+        assert row["sdpa_autograd_seconds"] > 0 and row["vjp_to_sdpa_autograd"] > 0
+    assert set(bounds["reference"]) == {"plain", "bias"} and bounds["allocator"] == "as is"
+    assert all(r["vjp_to_forward"] > 0 for r in bounds["reference"].values())
+    names = {t["target"] for t in report["targets"]}
+    assert {f"{row['scheme'].split()[0]} forward <= 2x SDPA with a (1, h, t, t) bias"
+            for row in bounds["schemes"]} <= names
+    assert "issue 30's bounds on torch" in printed and "torch's own VJP / forward" in printed
     flex = report["flex"]
     assert "error" not in flex, flex
     assert flex["case"] == "bias (FlexAttention score_mod, eager)" and "ours/Flex" in printed
@@ -126,6 +144,37 @@ def test_sdpa_gets_the_bias_as_a_mask_of_four_axes(bench, monkeypatch):
     rows = bench.sdpa_comparison(backends.get("torch"), q, k, v, _torch_table(3, 5), 2)
     assert [row["case"] for row in rows] == ["plain", "bias, (1, h, t, t) attn_mask"]
     assert set(masks) == {None, (1, 3, 16, 16)}
+
+
+def test_torch_bounds_time_sdpa_with_the_mask_and_its_gradient(bench, monkeypatch):
+    # the forward's baseline gets the (1, h, t, t) mask; the VJP's differentiates it too
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    bounds = bench._sibling("torch_bounds")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    seen = []
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        seen.append((None if attn_mask is None else tuple(attn_mask.shape),
+                     attn_mask is not None and attn_mask.requires_grad, q.requires_grad))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(bounds, "steady_allocator", lambda: "as is")
+    q, k, v = _torch_inputs(3, 16, 4)
+    cases = bench.scheme_cases(lambda *s: torch.randn(*s), 3, 16, 4, 2,
+                               schemes=("bias",))
+    mask = rp.bias_logits(_torch_table(3, 5), 16, 16)[None]
+    result = bounds.torch_bounds(bench._timed_against, backends.get("torch"), cases, q, k, v,
+                                 torch.ones_like(q), mask, 2)
+    assert {(None, False, False), (None, False, True), ((1, 3, 16, 16), False, False),
+            ((1, 3, 16, 16), True, True)} <= set(seen)
+    assert [row["scheme"].split()[0] for row in result["schemes"]] == ["plain", "bias"]
+    met = {text: ok for text, _, ok in bounds.bound_targets(
+        {"schemes": [{"scheme": "x K1", "ratio_to_sdpa_bias": 2.5, "vjp_to_sdpa_autograd": 0.9},
+                     {"scheme": "y", "ratio_to_sdpa_bias": 1.5}]})}
+    assert met == {"x forward <= 2x SDPA with a (1, h, t, t) bias": False,
+                   "x VJP <= torch autograd through SDPA with the bias": True,
+                   "y forward <= 2x SDPA with a (1, h, t, t) bias": True}
 
 
 def test_the_peer_is_interleaved_with_our_shaw_call_and_computes_the_same(bench, monkeypatch):
@@ -279,3 +328,21 @@ def test_schemes_limits_the_tables_to_the_named_schemes_and_plain(bench, tmp_pat
         bench.main(["--schemes", "kerple,fire-typo", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert "--schemes" in err and "'fire-typo' not in the catalog" in err
+
+
+def test_steady_allocator_sets_glibc_in_its_own_process():
+    # run apart: mallopt's settings last for the process
+    import platform
+    import subprocess
+    import sys
+
+    path = str(ROOT / "benchmarks" / "torch_bounds.py")
+    code = ("import importlib.util as u, sys; s = u.spec_from_file_location('b', sys.argv[1]); "
+            "m = u.module_from_spec(s); s.loader.exec_module(m); print(m.steady_allocator())")
+    done = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
+                          check=True)
+    if platform.libc_ver()[0] == "glibc":
+        assert done.stdout.strip() == ("glibc: trim threshold and top pad 1 GiB, "
+                                       "mmap threshold 32 MiB")
+    else:
+        assert done.stdout.startswith("default")
