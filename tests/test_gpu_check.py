@@ -64,3 +64,34 @@ def test_its_test_runs_can_start_on_a_gpu_machine(gpu_check, tmp_path):
     assert run.call_args.kwargs["env"]["A"] == "1"
     assert found["summary"] == ["1 passed"] and (tmp_path / "log").read_text() == "1 passed\n"
     assert gpu_check.GPU_SHARED == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+
+def test_the_masked_bias_call_makes_its_mask_once_and_masks(gpu_check, monkeypatch):
+    # the calls on CPU torch tensors (the GPU run puts them on CUDA): the mask is boolean,
+    # made on the first call only, and masks what the specification masks
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    import relpos_ref as rp
+
+    made = []
+
+    def cpu_arrays(library, dtype, heads, t, d, seed=0):
+        rng = np.random.default_rng(seed)
+
+        def put(a):
+            made.append(a.shape)
+            return torch.from_numpy(np.ascontiguousarray(a)).to(getattr(torch, dtype))
+
+        return put, [put(rng.standard_normal((heads, t, d), dtype=np.float32))
+                     for _ in range(3)]
+
+    monkeypatch.setattr(gpu_check, "_arrays", cpu_arrays)
+    calls = gpu_check._calls("torch", "float32", 2, 32, 8)
+    first = calls["bias masked"]()
+    assert calls["bias masked"]().equal(first) and made.count((32, 32)) == 1
+    q, k, v, table = calls["_arrays"]()
+    keep = torch.from_numpy(np.random.default_rng(2).random((32, 32), dtype=np.float32) >= 0.1)
+    with rp.kernels.disabled():
+        want = rp.bias_attention(q, k, v, table, mask=keep)
+    assert not keep.all() and torch.allclose(first, want, atol=1e-6)
