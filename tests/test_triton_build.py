@@ -8,9 +8,9 @@ of the variants (every slot of the kernel at least once: dense terms and a
 mask, a bias row, a window with relative values, coordinate maps; 16-bit and
 float32) is built in a subprocess, where triton compiles (the test session
 runs its interpreter), and each must fit the shared memory of one H100/H200
-block and multiply on tensor cores. Spills are reported, not refused: the
-masked variants of 64-query tiles spill most, 2 to 3.7 KB a thread (see the
-backends page).
+block (at the pipeline stages a launch would take) and multiply on tensor
+cores. Spills are reported, not refused (see the backends page). The builds
+go through the kernels' own JIT, with a stand-in driver naming the target.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_every_scheme_has_its_variants_lowered():
     # the variants of every catalog scheme are found (lowered, not built): a causal-only
     # scheme has no variant without causal, a scheme on a window gets its window's size
     from relpos_ref import catalog
-    from relpos_ref.kernels._triton_variants import SCHEMES_WITH, variants
+    from relpos_ref.kernels._triton_variants import SCHEMES_WITH, backward_variants, variants
 
     found = variants(dtypes=("float32",))
     assert {"forgetting", "swinv2", "cope", "fire"} <= set(catalog.names())
@@ -67,3 +67,47 @@ def test_every_scheme_has_its_variants_lowered():
     assert not any(name.startswith(tuple(SCHEMES_WITH)) and name.endswith("-causal")
                    for name in found)
     assert all(warps in (4, 8) for _, _, warps in found.values())
+    backward = backward_variants(("forgetting", "swinv2", "bias"), ("float32",))
+    assert {name.rsplit("-", 1)[0] for name in backward} >= {"forgetting-float32",
+                                                             "bias-float32"}
+
+
+class _RefusingKernel:
+    """A kernel whose builds the device refuses (triton's ``OutOfResources``) but at
+    `fits_at` stages; it records the stages of each launch."""
+
+    def __init__(self, fits_at):
+        self.fits_at, self.stages = fits_at, []
+
+    def __getitem__(self, grid):
+        from triton.runtime.errors import OutOfResources
+
+        def launch(*args, num_warps, num_stages=None, **constants):
+            self.stages.append(num_stages)
+            if num_stages not in self.fits_at:
+                raise OutOfResources(245760, 232448, "shared memory")
+        return launch
+
+
+def test_a_launch_the_device_refuses_takes_fewer_stages_and_remembers(monkeypatch):
+    import torch
+
+    from relpos_ref.kernels import _triton_launch
+
+    monkeypatch.setattr(_triton_launch, "_FITTING", {})
+    like = torch.zeros(1)
+    kernel = _RefusingKernel({2, 1})
+    _triton_launch.run(kernel, (1, 1), [], {"BM": 128}, 8, like)
+    assert kernel.stages == [None, 2]  # Triton's default refused, then 2
+    _triton_launch.run(kernel, (1, 1), [], {"BM": 128}, 8, like)
+    assert kernel.stages == [None, 2, 2]  # the same variant starts from 2
+    _triton_launch.run(kernel, (1, 1), [], {"BM": 64}, 8, like)
+    assert kernel.stages == [None, 2, 2, None, 2]  # other options: from the default again
+    nowhere = _RefusingKernel(set())
+    with pytest.raises(Exception, match="shared memory"):
+        _triton_launch.run(nowhere, (1, 1), [], {"BM": 128}, 8, like)
+    assert nowhere.stages == [None, 2, 1]
+    monkeypatch.setattr(_triton_launch, "STAGES", 3)  # set: the only choice
+    chosen = _RefusingKernel({3})
+    _triton_launch.run(chosen, (1, 1), [], {"BM": 128}, 8, like)
+    assert chosen.stages == [3]

@@ -55,8 +55,18 @@ def tile_sizes(form: DistanceForm) -> tuple[int, int, int, int]:
     return bm, bn, _power_of_two(bm + bn - 1) if windowed else 16, warps
 
 
-#: Software-pipelining stages of the key loop; ``None``: Triton's default for the GPU.
+#: Software-pipelining stages of the key loop; ``None``: Triton's default for the GPU, or
+#: fewer where a build does not fit the device (`STAGE_CHOICES`). Set, it is the only choice.
 STAGES: int | None = None
+
+#: The stages a launch tries, in order, while the device refuses a build for its shared
+#: memory (triton's ``OutOfResources``): Triton's default (3 on Hopper), then 2, then 1.
+#: Built for sm_90 through the JIT, the masked float32 bias variant (128 x 64 tiles) takes
+#: 245760 bytes at the default (triton 3.9), past an H100's 232448; 172032 at 2.
+STAGE_CHOICES: tuple[int | None, ...] = (None, 2, 1)
+
+#: The choice that launched, per kernel, options and device: later calls start from it.
+_FITTING: dict[tuple[Any, ...], int | None] = {}
 
 
 def _itemsize(x: Any) -> int:
@@ -208,10 +218,31 @@ def launch_forward(form: DistanceForm, kernel: Any, *, interpret: bool, precisio
 
 def run(kernel: Any, grid: tuple[int, int], args: list[Any], constants: dict[str, Any],
         warps: int, like: Any) -> None:
-    """Launch `kernel` on the device (and CuPy's stream) of `like`."""
+    """Launch `kernel` on the device (and CuPy's stream) of `like`.
+
+    At Triton's default pipeline stages, or the first of `STAGE_CHOICES` whose
+    build the device takes (remembered for the same kernel, options and device).
+    """
+    from triton.runtime.errors import OutOfResources
+
+    key = (getattr(kernel, "fn", kernel), tuple(sorted((k, str(v)) for k, v in
+                                                      constants.items())),
+           warps, str(getattr(like, "device", "")))
+    # from the choice that launched last (a call of other alignments may need fewer still)
+    choices = ((STAGES,) if STAGES is not None else
+               STAGE_CHOICES[STAGE_CHOICES.index(_FITTING.get(key, STAGE_CHOICES[0])):])
+    arguments = [_arg(a) for a in args]
     with _on_device_of(like):
-        options = {} if STAGES is None else {"num_stages": STAGES}
-        kernel[grid](*(_arg(a) for a in args), **constants, num_warps=warps, **options)
+        for n, stages in enumerate(choices):
+            options = {} if stages is None else {"num_stages": stages}
+            try:
+                kernel[grid](*arguments, **constants, num_warps=warps, **options)
+            except OutOfResources:
+                if n == len(choices) - 1:
+                    raise
+                continue
+            _FITTING[key] = stages
+            return
 
 
 def forward_arguments(form: DistanceForm, *, interpret: bool = False,

@@ -4,8 +4,9 @@
 per-head tables, causal and not; float32, float16, bfloat16 and float64) on
 CPU tensors and reads the kernel's arguments and ``constexpr`` options from
 them, exactly as a launch would (`relpos_ref.kernels._triton_launch`).
-`build` compiles one with ``triton.compile`` for a target (Hopper,
-``GPUTarget("cuda", 90, 32)``, by default) and reports what the build says:
+`build` compiles one through the kernel's JIT, as a launch would, for a
+target (Hopper, ``GPUTarget("cuda", 90, 32)``, by default) named by a
+stand-in driver, and reports what the build says:
 shared memory, registers and spills (from ``ptxas -v`` on the PTX), and
 whether its products use the tensor cores' instructions (``wgmma`` on
 Hopper, ``mma`` before).
@@ -22,6 +23,7 @@ import json
 import re
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +116,8 @@ def backward_variants(schemes: tuple[str, ...], dtypes: tuple[str, ...]
                       ) -> dict[str, tuple[Any, list[Any], dict[str, Any], int]]:
     """Name -> a backward kernel, its arguments, options and warps, per scheme and dtype.
 
-    The typical calls of `variants` (not causal) whose forms the backward
-    kernels cover (`relpos_ref.kernels._triton_vjp.covers`).
+    The typical calls of `variants` (not causal, but for a causal-only scheme) whose forms
+    the backward kernels cover (`relpos_ref.kernels._triton_vjp.covers`).
     """
     import torch
 
@@ -127,8 +129,12 @@ def backward_variants(schemes: tuple[str, ...], dtypes: tuple[str, ...]
     found = {}
     for scheme in schemes:
         for name in dtypes:
-            args, kwargs = _typical(scheme, getattr(torch, name), False)
-            form = lower(scheme, *args, **kwargs)
+            try:
+                args, kwargs = _typical(scheme, getattr(torch, name), False)
+                form = lower(scheme, *args, **kwargs)
+            except ValueError:  # a causal-only scheme (FoX): its causal call
+                args, kwargs = _typical(scheme, getattr(torch, name), True)
+                form = lower(scheme, *args, **kwargs)
             if not covers(form):
                 continue
             launch = forward_arguments(form, store_lse=True)
@@ -141,57 +147,80 @@ def backward_variants(schemes: tuple[str, ...], dtypes: tuple[str, ...]
     return found
 
 
-def _signature(args: list[Any], constants: dict[str, Any], kernel: Any = None
-               ) -> dict[str, str]:
-    from ._triton_forward import attention_forward
+class _TargetOnly:
+    """A stand-in for triton's GPU driver: it names the target to build for, launches nothing.
 
-    names = [n for n in (kernel or attention_forward).arg_names if n not in constants]
-    types = {}
-    for name, value in zip(names, args, strict=False):
-        if hasattr(value, "data_ptr"):
-            kind = str(value.dtype).rsplit(".", 1)[-1]
-            types[name] = "*" + {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
-                                 "float64": "fp64", "int32": "i32", "uint8": "u8",
-                                 "int64": "i64"}[kind]
-        elif isinstance(value, bool):
-            types[name] = "i1"
-        elif isinstance(value, int):
-            types[name] = "i32"
-        else:
-            types[name] = "fp32"
-    for name in constants:
-        types[name] = "constexpr"
-    return types
+    The three calls a kernel's JIT makes before compiling (triton 3.6 and 3.9). Device
+    numbers differ by target, so the JIT's per-device caches do not mix targets.
+    """
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+    def get_current_device(self) -> int:
+        return 1000 + int(self.target.arch)
+
+    def get_current_stream(self, device: Any = None) -> int:
+        return 0
 
 
 class Build(dict):
-    """One variant's build: ``shared``, ``registers``, ``spills``, ``tensor_cores``, ``wgmma``.
+    """One variant's build: ``stages``, ``shared``, ``registers``, ``spills``, ``tensor_cores``,
+    ``wgmma``.
 
     ``tensor_cores``: its products use the tensor cores (``wgmma`` or
     ``mma``); ``wgmma``: Hopper's warp-group instructions in particular.
     """
 
 
+#: Shared memory one block may take, by compute capability (an H100 or H200: 227 KiB).
+SHARED_LIMITS = {90: 232448, 80: 166912}
+
+
 def build(args: list[Any], constants: dict[str, Any], *, capability: int = 90,
-          num_warps: int = 4, kernel: Any = None) -> Build:
+          num_warps: int = 4, num_stages: int | None = None, kernel: Any = None) -> Build:
     """Compile one variant of `kernel` (the forward kernel by default) for ``sm_<capability>``.
 
-    Its resources are read from the build.
+    Through the kernel's own JIT (``warmup``, with `_TargetOnly` as the
+    driver), so that the build is the one a launch with these arguments
+    compiles: the JIT marks pointers aligned to 16 bytes and integers
+    divisible by 16, and the software pipeliner works from those marks (a
+    build from the bare signature passed where triton 3.6 on a GPU failed,
+    "PassManager::run failed", and spilled differently). `num_stages`: the
+    pipeline's stages; where ``None``, those a launch would take
+    (`relpos_ref.kernels._triton_launch.STAGE_CHOICES`: Triton's default, or
+    fewer where the build exceeds the shared memory of `SHARED_LIMITS`),
+    reported as ``stages`` (``None``: the default). Its resources are read
+    from the build.
     """
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from ._triton_forward import attention_forward
+    from ._triton_launch import STAGE_CHOICES
 
     kernel = kernel or attention_forward
-    source = ASTSource(fn=kernel, signature=_signature(args, constants, kernel),
-                       constexprs=dict(constants))
-    compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                              options={"num_warps": num_warps})
+    choices = STAGE_CHOICES if num_stages is None else (num_stages,)
+    limit = SHARED_LIMITS.get(capability, SHARED_LIMITS[90])
+    config = triton.runtime.driver
+    previous = getattr(config, "_active", None)  # None: made from the machine when asked for
+    config.set_active(_TargetOnly(GPUTarget("cuda", capability, 32)))
+    try:
+        for stages in choices:
+            options = {"num_warps": num_warps, **({} if stages is None else
+                                                  {"num_stages": stages})}
+            compiled = kernel.warmup(*args, grid=(1,), **constants, **options)
+            if int(compiled.metadata.shared) <= limit:
+                break
+    finally:
+        config.set_active(previous)  # reset_active() would make one: none on a CPU machine
     ptx = compiled.asm["ptx"]
     registers, spills = _ptxas_resources(ptx, capability)
-    return Build(shared=int(compiled.metadata.shared), registers=registers, spills=spills,
+    return Build(stages=stages, shared=int(compiled.metadata.shared), registers=registers,
+                 spills=spills,
                  tensor_cores=bool(re.search(r"\b(?:wgmma|mma)\.", ptx)),
                  wgmma=bool(re.search(r"\bwgmma\.", ptx)))
 
@@ -214,29 +243,44 @@ def _ptxas_resources(ptx: str, capability: int) -> tuple[int, int]:
     return registers, spills
 
 
+def _report(name: str, warps: int, compile_one: Any) -> bool:
+    # one JSON line: the build's resources, or the error that stopped it (the others go on)
+    try:
+        report: dict[str, Any] = dict(compile_one())
+    except Exception as exc:  # triton's compiler raises RuntimeError, ptxas CalledProcessError
+        report = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    print(json.dumps({"variant": name, "warps": warps, **report}), flush=True)
+    return "error" not in report
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Build the variants asked for, one JSON line each; exit 1 if any failed to build."""
     import argparse
 
     parser = argparse.ArgumentParser(description="Build the Triton kernels' variants for sm_90.")
     parser.add_argument("--schemes", help="comma-separated catalog names (default: all)")
     parser.add_argument("--dtypes", help="comma-separated dtype names (default: all four)")
     parser.add_argument("--not-causal", action="store_true", help="only calls without causal")
+    parser.add_argument("--stages", type=int, default=None,
+                        help="software-pipelining stages (default: Triton's)")
     parser.add_argument("--backward", action="store_true",
                         help="the backward kernels' variants instead (needs --schemes, --dtypes)")
     args = parser.parse_args(argv)
+    built = []
     if args.backward:
         for name, (kernel, arguments, constants, warps) in backward_variants(
                 tuple(args.schemes.split(",")), tuple(args.dtypes.split(","))).items():
-            report = build(arguments, constants, num_warps=warps, kernel=kernel)
-            print(json.dumps({"variant": name, "warps": warps, **report}), flush=True)
-        return 0
+            built.append(_report(name, warps, partial(
+                build, arguments, constants, num_warps=warps, num_stages=args.stages,
+                kernel=kernel)))
+        return 0 if all(built) else 1
     chosen = variants(tuple(args.schemes.split(",")) if args.schemes else None,
                       tuple(args.dtypes.split(",")) if args.dtypes else None,
                       causal=(False,) if args.not_causal else (False, True))
     for name, (arguments, constants, warps) in chosen.items():
-        report = build(arguments, constants, num_warps=warps)
-        print(json.dumps({"variant": name, "warps": warps, **report}), flush=True)
-    return 0
+        built.append(_report(name, warps, partial(build, arguments, constants, num_warps=warps,
+                                                  num_stages=args.stages)))
+    return 0 if all(built) else 1
 
 
 if __name__ == "__main__":
