@@ -127,6 +127,19 @@ def test_a_window_scheme_and_a_recorded_call_hand_back():
     assert _run("plain", (q, k, v), {"d_output": d_output}) is not NotImplemented
 
 
+def test_a_variant_triton_cannot_build_hands_the_vjp_back_with_a_warning(monkeypatch):
+    monkeypatch.setattr(kt, "_UNBUILT", set())  # warned once per process: anew here
+    # as the forward: triton 3.6 failed to build every float64 backward kernel for sm_90
+    q = k = v = d_output = _tensor(np.ones((2, 4, 4)), torch.float64)
+    failure = RuntimeError("PassManager::run failed")
+    with mock.patch.object(kt, "form_gradients", side_effect=failure), \
+            pytest.warns(RuntimeWarning, match="could not be built for this call"):
+        assert _run("alibi", (q, k, v), {"d_output": d_output}) is NotImplemented
+    with mock.patch.object(kt, "form_gradients", side_effect=RuntimeError("a real fault")), \
+            pytest.raises(RuntimeError, match="a real fault"):
+        _run("alibi", (q, k, v), {"d_output": d_output})
+
+
 def test_bad_cotangent_gets_the_specification_message():
     q = k = v = _tensor(np.ones((2, 4, 4)), torch.float32)
     with pytest.raises(ValueError, match="d_output"):

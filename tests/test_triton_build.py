@@ -111,3 +111,39 @@ def test_a_launch_the_device_refuses_takes_fewer_stages_and_remembers(monkeypatc
     chosen = _RefusingKernel({3})
     _triton_launch.run(chosen, (1, 1), [], {"BM": 128}, 8, like)
     assert chosen.stages == [3]
+
+
+class _FailingKernel:
+    """A kernel whose build fails with `error`; it counts the builds tried."""
+
+    def __init__(self, error):
+        self.error, self.tries = error, 0
+
+    def __getitem__(self, grid):
+        def launch(*args, **options):
+            self.tries += 1
+            raise self.error
+        return launch
+
+
+def test_a_variant_triton_cannot_build_is_not_built_again(monkeypatch):
+    # triton caches the builds that succeed only: a failed one would compile again per call
+    import torch
+
+    from relpos_ref.kernels import _triton_launch
+
+    monkeypatch.setattr(_triton_launch, "_FAILED_BUILDS", {})
+    like = torch.zeros(1)
+    kernel = _FailingKernel(RuntimeError("PassManager::run failed"))
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="PassManager"):
+            _triton_launch.run(kernel, (1, 1), [], {"DOT": "fp64"}, 4, like)
+    assert kernel.tries == 1
+    with pytest.raises(RuntimeError, match="PassManager"):  # other options: built anew
+        _triton_launch.run(kernel, (1, 1), [], {"DOT": "fp32"}, 4, like)
+    assert kernel.tries == 2
+    fault = _FailingKernel(ValueError("a real fault"))  # not a build failure: not remembered
+    for _ in range(2):
+        with pytest.raises(ValueError, match="a real fault"):
+            _triton_launch.run(fault, (1, 1), [], {"DOT": "fp64"}, 4, like)
+    assert fault.tries == 2

@@ -68,6 +68,22 @@ STAGE_CHOICES: tuple[int | None, ...] = (None, 2, 1)
 #: The choice that launched, per kernel, options and device: later calls start from it.
 _FITTING: dict[tuple[Any, ...], int | None] = {}
 
+#: The build failure of a kernel, options and device that triton could not build (see
+#: `build_failure`): a later call raises it again at once instead of compiling again (triton
+#: caches only builds that succeed; with triton 3.6 every float64 variant failed, each call
+#: compiling it again). Its alignment marks are not in the key: a variant that failed
+#: under one alignment is not tried under another, which costs speed, never a result.
+_FAILED_BUILDS: dict[tuple[Any, ...], BaseException] = {}
+
+
+def build_failure(exc: BaseException) -> bool:
+    """Whether `exc` says triton could not build a variant for the GPU (a compiler pass
+    failed, or the variant needs more shared memory than the GPU has): not the call's fault."""
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
+
+    return isinstance(exc, (CompilationError, OutOfResources)) or "PassManager" in str(exc)
+
 
 def _itemsize(x: Any) -> int:
     return int(x.itemsize) if hasattr(x, "itemsize") else x.element_size()
@@ -222,12 +238,15 @@ def run(kernel: Any, grid: tuple[int, int], args: list[Any], constants: dict[str
 
     At Triton's default pipeline stages, or the first of `STAGE_CHOICES` whose
     build the device takes (remembered for the same kernel, options and device).
+    A variant triton could not build raises its failure again at once (`_FAILED_BUILDS`).
     """
     from triton.runtime.errors import OutOfResources
 
     key = (getattr(kernel, "fn", kernel), tuple(sorted((k, str(v)) for k, v in
                                                       constants.items())),
            warps, str(getattr(like, "device", "")))
+    if STAGES is None and key in _FAILED_BUILDS:
+        raise _FAILED_BUILDS[key].with_traceback(None)
     # from the choice that launched last (a call of other alignments may need fewer still)
     choices = ((STAGES,) if STAGES is not None else
                STAGE_CHOICES[STAGE_CHOICES.index(_FITTING.get(key, STAGE_CHOICES[0])):])
@@ -237,10 +256,12 @@ def run(kernel: Any, grid: tuple[int, int], args: list[Any], constants: dict[str
             options = {} if stages is None else {"num_stages": stages}
             try:
                 kernel[grid](*arguments, **constants, num_warps=warps, **options)
-            except OutOfResources:
-                if n == len(choices) - 1:
-                    raise
-                continue
+            except Exception as exc:
+                if isinstance(exc, OutOfResources) and n < len(choices) - 1:
+                    continue
+                if STAGES is None and build_failure(exc):
+                    _FAILED_BUILDS[key] = exc
+                raise
             _FITTING[key] = stages
             return
 

@@ -64,7 +64,7 @@ from ..lowering import lower  # noqa: E402
 from ._blocked_rows import blocked_arguments, check_blocked_arguments  # noqa: E402
 from ._overflow import limit, logit_bound  # noqa: E402
 from ._triton_forward import attention_forward  # noqa: E402
-from ._triton_launch import fits, launch_forward  # noqa: E402
+from ._triton_launch import build_failure, fits, launch_forward  # noqa: E402
 from ._triton_vjp import covers, form_gradients  # noqa: E402
 
 __all__ = [
@@ -222,7 +222,7 @@ def _kernel(name: str) -> Callable[..., Any]:
         try:
             return launch_forward(form, _KERNEL, interpret=INTERPRETER, precision=PRECISION)
         except (CompilationError, OutOfResources, RuntimeError) as exc:
-            if not _build_failure(exc):
+            if not build_failure(exc):
                 raise
             _warn_unbuilt(name, exc)
             return NotImplemented
@@ -274,8 +274,14 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
                          *_table_args(entry, {n: leaves[n] for n in tables}),
                          **_call_options(entry, {**given, **{n: leaves[n] for n in leaves
                                                       if n not in ("q", "k", "v", *tables)}}))
-            _, targets, gradients = form_gradients(
-                form, d_output, _KERNEL, interpret=INTERPRETER, precision=PRECISION)
+            try:
+                _, targets, gradients = form_gradients(
+                    form, d_output, _KERNEL, interpret=INTERPRETER, precision=PRECISION)
+            except (CompilationError, OutOfResources, RuntimeError) as exc:
+                if not build_failure(exc):  # as the forward: a variant triton cannot build
+                    raise
+                _warn_unbuilt(name, exc)
+                return NotImplemented
             # a term built from constants alone (Sandwich's bias) has no gradient to pass on
             pairs = [(t, g) for t, g in zip(targets, gradients, strict=True) if t.requires_grad]
             found = (torch.autograd.grad([t for t, _ in pairs], list(leaves.values()),
@@ -324,12 +330,6 @@ def _blocked_kernel(name: str) -> Callable[..., Any]:
     kernel.__doc__ = (f"`blocked_attention(..., scheme={name!r})` by the fused kernel, whose "
                       "memory is O((t_q + t_k) d) whatever the block (see the module docstring).")
     return kernel
-
-
-def _build_failure(exc: BaseException) -> bool:
-    # triton could not build this variant for this GPU (its compiler's pass failed, or the
-    # variant needs more shared memory than the GPU has): not a fault of the call
-    return isinstance(exc, (CompilationError, OutOfResources)) or "PassManager" in str(exc)
 
 
 _UNBUILT: set[tuple[str, str]] = set()
