@@ -374,6 +374,12 @@ def peer_comparison(backend, device, heads: int, t: int, d: int, dtype: str, k_m
             "max_abs_difference": gap}
 
 
+def sdpa_mask(bias_table: Any, t: int, ndim: int) -> Any:
+    """The bias scheme's logits in SDPA's fast form: `ndim` axes, ``(1, h, t, t)`` for four."""
+    bias = rp.bias_logits(bias_table, t, t)
+    return bias.reshape((1,) * (ndim - bias.ndim) + tuple(bias.shape))
+
+
 def sdpa_comparison(backend, q, k, v, bias_table, repeat: int) -> list[dict[str, Any]]:
     """torch only: our plain and bias attention against ``scaled_dot_product_attention``.
 
@@ -388,8 +394,7 @@ def sdpa_comparison(backend, q, k, v, bias_table, repeat: int) -> list[dict[str,
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
     t = q.shape[-2]
-    bias = rp.bias_logits(bias_table, t, t)
-    bias = bias.reshape((1,) * (q.ndim - bias.ndim) + tuple(bias.shape))  # SDPA's fast form
+    bias = sdpa_mask(bias_table, t, q.ndim)
     rows = []
     for name, ours, theirs in (
         ("plain", lambda: rp.attention(q, k, v), lambda: sdpa(q, k, v)),
@@ -860,7 +865,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row['case']:<28} {row['seconds'] * 1e3:9.1f} "
                   f"{row['sdpa_seconds'] * 1e3:9.1f} {row['ratio_to_sdpa']:9.2f}x")
         bounds = _sibling("torch_bounds")
-        mask = rp.bias_logits(bias_table, t, t)[None]  # (1, h, t, t): SDPA's fast form
+        mask = sdpa_mask(bias_table, t, q.ndim)
         results["torch_bounds"] = bounds.torch_bounds(
             _timed_against, backend, cases, q, k, v, arr(1, h, t, d), mask, args.repeat,
             backward=args.backward)

@@ -242,9 +242,9 @@ def run(kernel: Any, grid: tuple[int, int], args: list[Any], constants: dict[str
     """
     from triton.runtime.errors import OutOfResources
 
-    key = (getattr(kernel, "fn", kernel), tuple(sorted((k, str(v)) for k, v in
-                                                      constants.items())),
-           warps, str(getattr(like, "device", "")))
+    # the options in `forward_arguments`' order, which is the same for a variant each time
+    key = (getattr(kernel, "fn", kernel), tuple(constants.items()), warps,
+           str(getattr(like, "device", "")))
     if STAGES is None and key in _FAILED_BUILDS:
         raise _FAILED_BUILDS[key].with_traceback(None)
     # from the choice that launched last (a call of other alignments may need fewer still)

@@ -221,11 +221,8 @@ def _kernel(name: str) -> Callable[..., Any]:
             return NotImplemented
         try:
             return launch_forward(form, _KERNEL, interpret=INTERPRETER, precision=PRECISION)
-        except (CompilationError, OutOfResources, RuntimeError) as exc:
-            if not build_failure(exc):
-                raise
-            _warn_unbuilt(name, exc)
-            return NotImplemented
+        except _BUILD_ERRORS as exc:
+            return _handed_back(name, exc)
 
     kernel.__name__ = kernel.__qualname__ = f"{name}_attention_triton"
     kernel.__doc__ = f"`{entry.attention.__name__}` fused in Triton (see the module docstring)."
@@ -277,11 +274,8 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
             try:
                 _, targets, gradients = form_gradients(
                     form, d_output, _KERNEL, interpret=INTERPRETER, precision=PRECISION)
-            except (CompilationError, OutOfResources, RuntimeError) as exc:
-                if not build_failure(exc):  # as the forward: a variant triton cannot build
-                    raise
-                _warn_unbuilt(name, exc)
-                return NotImplemented
+            except _BUILD_ERRORS as exc:  # as the forward: a variant triton cannot build
+                return _handed_back(name, exc)
             # a term built from constants alone (Sandwich's bias) has no gradient to pass on
             pairs = [(t, g) for t, g in zip(targets, gradients, strict=True) if t.requires_grad]
             found = (torch.autograd.grad([t for t, _ in pairs], list(leaves.values()),
@@ -332,7 +326,18 @@ def _blocked_kernel(name: str) -> Callable[..., Any]:
     return kernel
 
 
+#: What a launch raises when triton cannot build a variant (`build_failure` tells which).
+_BUILD_ERRORS = (CompilationError, OutOfResources, RuntimeError)
+
 _UNBUILT: set[tuple[str, str]] = set()
+
+
+def _handed_back(name: str, exc: BaseException) -> Any:
+    """``NotImplemented`` for a variant triton could not build (said once), else `exc` again."""
+    if not build_failure(exc):
+        raise exc
+    _warn_unbuilt(name, exc)
+    return NotImplemented
 
 
 def _warn_unbuilt(name: str, exc: BaseException) -> None:
