@@ -1,21 +1,31 @@
 r"""FIRE's MLP as the piecewise-linear function it is, for the lowering (`relpos_ref._lowerings`).
 
-One hidden layer of ReLUs on a scalar input is linear between its ``m``
-breakpoints ``z_n = -b_{1n} / w_{1n}``:
+One hidden layer of ReLUs on a scalar input is linear between the
+breakpoints ``z_{hn} = -b_{1hn} / w_{1hn}`` of its units:
 
-.. math:: f_h(x) = A_{hk}\, x + B_{hk}, \qquad
-          A_{hk} = \sum_{n \in S_k} w^{(h)}_{2n} w_{1n}, \quad
-          B_{hk} = b^{(h)}_2 + \sum_{n \in S_k} w^{(h)}_{2n} b_{1n}
+.. math:: f_h(x) = A_{hs}\, x + B_{hs}, \qquad
+          A_{hs} = \sum_{n \in S_{hs}} w^{(h)}_{2n} w_{1hn}, \quad
+          B_{hs} = b^{(h)}_2 + \sum_{n \in S_{hs}} w^{(h)}_{2n} b_{1hn}
 
-with ``S_k`` the units live on the ``k``-th interval and ``k`` found by a
-binary search of the sorted breakpoints: a rising unit (``w_{1n} > 0``) is
-live where ``z_n < x``, a falling one where ``z_n > x``, each strictly (at its
-breakpoint a unit is 0 and passes no gradient, as the specification's). The specification
-(`relpos_ref.schemes._fire_mlp`) evaluates the ``m`` hidden units of every
-pair; this evaluates two coefficients, so the lowering's dense bias costs
-``O(t_q t_k log m)`` instead of ``O(t_q t_k m)``. ``f`` is continuous (a
-unit is 0 at its breakpoint); the sums by rank differ from the unit sums by
-rounding only (tests/test_fire.py and tests/test_lowering.py prove it).
+with ``S_{hs}`` the units live on segment ``s``: a rising unit (``w_1 > 0``)
+is live where ``z < x``, a falling one where ``z > x``, each strictly (at its
+breakpoint a unit is 0 and passes no gradient, as the specification's), and
+a unit of slope 0 is the constant ``relu(b_1)``. The segments are those of
+every head's breakpoints together, sorted, ``u_0 <= u_1 <= ... <= u_{n-1}``
+(``n = H m``, repeats kept): the segment of ``x`` is
+``s(x) = #(u < x) + #(u <= x)`` (two binary searches), even inside an
+interval between breakpoints and odd at one. ``s`` is monotone and tells
+``z < x`` from ``z = x`` and ``z > x`` for every breakpoint ``z``, so a
+rising unit is live on the segments after ``s(z)`` and a falling one on those
+before it. One segment index per pair serves every head, and the heads'
+coefficients are one column of a ``(2H, 2n + 1)`` table.
+
+The specification (`relpos_ref.schemes._fire_mlp`) evaluates the ``m``
+hidden units of every pair and head; this reads two coefficients, so the
+lowering's dense bias costs ``O(t_q t_k (log(H m) + H))`` instead of
+``O(t_q t_k H m)``. ``f`` is continuous (a unit is 0 at its breakpoint);
+the sums by segment differ from the unit sums by rounding only
+(tests/test_fire.py and tests/test_lowering.py prove it).
 """
 
 from __future__ import annotations
@@ -25,44 +35,83 @@ from typing import Any
 from . import _xp
 from .schemes._fire_mlp import _tables, mlp_output
 
-__all__ = ["mlp_by_pieces"]
+__all__ = ["mlp_by_pieces", "segment_coefficients"]
 
 
 def _prefix(xp: Any, x: Any) -> Any:
-    # [0, x_0, x_0 + x_1, ...]: the sums of the first k entries, k = 0 .. n
-    return xp.concat([xp.zeros((1,), dtype=x.dtype, device=_xp.device(x)),
-                      xp.cumulative_sum(x)])
+    # (H, N + 1): [0, x_0, x_0 + x_1, ...] along the last axis
+    zeros = xp.zeros((x.shape[0], 1), dtype=x.dtype, device=_xp.device(x))
+    return xp.concat([zeros, xp.cumulative_sum(x, axis=1)], axis=1)
 
 
-def _one_head(xp: Any, flat: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
-    # f(x) for one head: the rising units (w1 > 0) live where z < x, the falling ones where
-    # z > x, strictly (at its breakpoint a unit is 0 and passes no gradient, as the
-    # specification's pre > 0 has it); sums over the live ones by rank, from prefix sums
+def _sum_where(xp: Any, key: Any, chosen: Any, coefficient: Any, segments: Any, *,
+               after: bool) -> Any:
+    # (H, S): for each segment s, the sum of the chosen units' coefficients (H, N) whose key
+    # is below s (after) or above it (not after), from prefix sums in the keys' order
+    n_seg = segments.shape[0]
+    key = xp.where(chosen, key, xp.full_like(key, n_seg if after else -1))
+    order = xp.argsort(key)
+    zero = xp.zeros((), dtype=coefficient.dtype, device=_xp.device(coefficient))
+    prefix = _prefix(xp, xp.take(xp.where(chosen, coefficient, zero), order, axis=1))
+    ranked = xp.take(key, order)
+    if after:
+        return xp.take(prefix, xp.searchsorted(ranked, segments, side="left"), axis=1)
+    return prefix[:, -1:] - xp.take(prefix, xp.searchsorted(ranked, segments, side="right"),
+                                    axis=1)
+
+
+def segment_coefficients(w1: Any, b1: Any, w2: Any, b2: Any) -> tuple[Any, Any, Any]:
+    """The sorted breakpoints ``u`` ``(n,)`` and the coefficients ``A``, ``B`` ``(H, 2n + 1)``.
+
+    `w1`, `b1` ``(H', m)`` with ``H'`` 1 (one hidden layer for every head) or
+    ``H`` (one MLP per head), `w2` ``(H, m)``, `b2` ``(H,)``, finite;
+    ``n = H' m``. On segment ``s`` (see the module docstring) head ``h`` is
+    ``A[h, s] x + B[h, s]``.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> u, a, b = segment_coefficients(xp.ones((1, 1)), xp.asarray([[-0.5]]),
+    ...                                xp.ones((1, 1)), xp.zeros(1))  # relu(x - 1/2)
+    >>> u  # one breakpoint: three segments, below 1/2, at it and above it
+    Array([0.5], dtype=array_api_strict.float64)
+    >>> xp.concat([a, b])  # the slope, then the intercept, on each segment
+    Array([[ 0. ,  0. ,  1. ],
+           [ 0. ,  0. , -0.5]], dtype=array_api_strict.float64)
+    """
+    xp = _xp.array_namespace(w1, b1, w2, b2)
     dev = _xp.device(w1)
+    heads, hidden = w2.shape[0], w1.shape[0]
     zero = xp.zeros((), dtype=w1.dtype, device=dev)
-    one = zero + 1.0
-    inf = xp.asarray(float("inf"), dtype=w1.dtype, device=dev)
     rise, fall = w1 > zero, w1 < zero
     moving = rise | fall
-    z = xp.where(moving, -b1 / xp.where(moving, w1, one), zero)
-    slope, intercept = w2 * w1, w2 * b1
-    z_rise = xp.where(rise, z, inf)  # rising by breakpoint, the others after
-    order = xp.argsort(z_rise)
-    z_rise = xp.take(z_rise, order)
-    a_rise = _prefix(xp, xp.take(xp.where(rise, slope, zero), order))
-    b_rise = _prefix(xp, xp.take(xp.where(rise, intercept, zero), order))
-    z_fall = xp.where(fall, z, -inf)  # the others first, then falling ones
-    order = xp.argsort(z_fall)
-    z_fall = xp.take(z_fall, order)
-    a_fall = _prefix(xp, xp.take(xp.where(fall, slope, zero), order))
-    b_fall = _prefix(xp, xp.take(xp.where(fall, intercept, zero), order))
-    flat_units = (~moving) & (b1 > zero)  # slope 0: a constant where b1 > 0
-    constant = xp.sum(xp.where(flat_units, intercept, zero)) + b2
-    below = xp.searchsorted(z_rise, flat, side="left")  # rising units with z < x
-    upto = xp.searchsorted(z_fall, flat, side="right")  # the others and falling, z <= x
-    a = xp.take(a_rise, below) + (a_fall[-1] - xp.take(a_fall, upto))
-    b = xp.take(b_rise, below) + (b_fall[-1] - xp.take(b_fall, upto))
-    return a * flat + (b + constant)
+    z = -b1 / xp.where(moving, w1, zero + 1.0)
+    # every unit's breakpoint, repeats kept (no shape read from values); a unit of slope 0
+    # at +inf, which no finite x reaches
+    u = xp.sort(xp.reshape(xp.where(moving, z, zero + float("inf")), (-1,)))
+    own = xp.reshape(_segments(xp, u, xp.where(moving, z, zero)), (-1,))
+    segments = xp.arange(2 * u.shape[0] + 1, dtype=own.dtype, device=dev)
+    # coefficients (H, n) of unit (g, i) for head h: w2[h, i] times w1[g, i] (or b1[g, i]),
+    # where g = h for one MLP per head
+    linked = xp.eye(heads, dtype=w1.dtype, device=dev)[:, :, None] if hidden > 1 else zero + 1.0
+    slope, intercept = (xp.reshape(w2[:, None, :] * t[None, :, :] * linked, (heads, -1))
+                        for t in (w1, b1))
+    rise, fall, moving = (xp.reshape(t, (-1,)) for t in (rise, fall, moving))
+    # a rising unit is live on the segments after its own, a falling one before it
+    a = (_sum_where(xp, own, rise, slope, segments, after=True)
+         + _sum_where(xp, own, fall, slope, segments, after=False))
+    b = (_sum_where(xp, own, rise, intercept, segments, after=True)
+         + _sum_where(xp, own, fall, intercept, segments, after=False))
+    flat = (~moving) & (xp.reshape(b1, (-1,)) > zero)  # slope 0: relu(b1), everywhere
+    constant = xp.sum(xp.where(flat, intercept, zero), axis=1) + b2
+    return u, a, b + constant[:, None]
+
+
+def _segments(xp: Any, u: Any, x: Any) -> Any:
+    # #(u < x) + #(u <= x): even inside an interval, odd at a breakpoint (u sorted)
+    if u.shape[0] == 0:
+        return xp.zeros(x.shape, dtype=_xp.index_dtype(xp, _xp.device(x)), device=_xp.device(x))
+    return xp.searchsorted(u, x, side="left") + xp.searchsorted(u, x, side="right")
 
 
 def mlp_by_pieces(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
@@ -86,9 +135,12 @@ def mlp_by_pieces(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
         return mlp_output(x, w1, b1, w2, b2)
     tw1, tb1, tw2, tb2 = _tables(w1, b1, w2, b2)
     heads = max(tw1.shape[0], tb1.shape[0], tw2.shape[0], tb2.shape[0])
-    m = tw1.shape[-1]
-    tw1, tb1, tw2 = (xp.broadcast_to(t, (heads, m)) for t in (tw1, tb1, tw2))
-    tb2 = xp.broadcast_to(tb2, (heads,))
+    hidden, m = max(tw1.shape[0], tb1.shape[0]), tw1.shape[-1]
+    tw1, tb1 = (xp.broadcast_to(t, (hidden, m)) for t in (tw1, tb1))
+    u, a, b = segment_coefficients(tw1, tb1, xp.broadcast_to(tw2, (heads, m)),
+                                   xp.broadcast_to(tb2, (heads,)))
     flat = xp.reshape(x, (-1,))
-    out = [_one_head(xp, flat, tw1[h, :], tb1[h, :], tw2[h, :], tb2[h]) for h in range(heads)]
-    return xp.reshape(xp.stack(out), (heads, *x.shape))
+    # one column of the (2H, 2n + 1) table per pair: every head's A, then every head's B
+    found = xp.take(xp.concat([a, b], axis=0), _segments(xp, u, flat), axis=1)
+    out = found[:heads, :] * flat + found[heads:, :]
+    return xp.reshape(out, (heads, *x.shape))

@@ -303,13 +303,18 @@ def test_the_lowering_s_piecewise_mlp_equals_the_unit_sums(data):
     from relpos_ref._fire_pieces import mlp_by_pieces
     from relpos_ref.schemes._fire_mlp import mlp_output
 
+    # one hidden layer, or one per head for w1, b1 or both (each head its own breakpoints)
     m = data.draw(st.integers(1, 6), label="m")
-    heads = data.draw(st.sampled_from([None, 2]), label="heads")
+    heads = data.draw(st.sampled_from([None, 2, 3]), label="heads")
     small = st.sampled_from([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0])
-    lead = () if heads is None else (heads,)
-    w1 = np.asarray(data.draw(st.lists(small, min_size=m, max_size=m)) * (heads or 1))
-    b1 = np.asarray(data.draw(st.lists(small, min_size=m, max_size=m)) * (heads or 1))
-    w1, b1 = w1.reshape(*lead, m, 1), b1.reshape(*lead, m)
+    w1_heads, b1_heads = (heads if heads and data.draw(st.booleans(), label=f"{n} per head")
+                          else 1 for n in ("w1", "b1"))
+    if heads and w1_heads == b1_heads == 1:
+        w1_heads = heads
+    w1 = np.asarray(data.draw(st.lists(small, min_size=m * w1_heads, max_size=m * w1_heads)))
+    b1 = np.asarray(data.draw(st.lists(small, min_size=m * b1_heads, max_size=m * b1_heads)))
+    w1 = w1.reshape(m, 1) if heads is None else w1.reshape(w1_heads, m, 1)
+    b1 = b1.reshape(m) if heads is None else b1.reshape(b1_heads, m)
     out = heads or 3  # one MLP per head, or one hidden layer for three outputs
     w2 = np.asarray(data.draw(st.lists(small, min_size=out * m, max_size=out * m)))
     w2 = w2.reshape(out, m)
