@@ -80,6 +80,7 @@ from ._blocked_rows import (
     check_blocked_arguments,
 )
 from ._overflow import limit, logit_bound
+from ._torch_cope import cope_fused
 from ._torch_form import fits, form_attention
 from ._torch_form_vjp import form_vjp
 from ._torch_sdpa import by_sdpa, sdpa_form, sdpa_terms
@@ -96,6 +97,10 @@ VJP_KERNELS: dict[str, Callable[..., Any]] = {}
 #: Scheme name -> `relpos_ref.blocked.blocked_attention` of that scheme through SDPA, a tile
 #: of queries at a time (`NO_TERMS` and `DISTANCE_ONLY`).
 BLOCKED_KERNELS: dict[str, Callable[..., Any]] = {}
+
+#: Scheme name -> its evaluation without the lowering, for calls no gradient is taken of:
+#: ``(q, k, v, tables, call, mask) -> out`` (CoPE: one product of q and k, not two).
+DIRECT: dict[str, Callable[..., Any]] = {"cope": cope_fused}
 
 # Set by the VJP kernels around their own forward call: first-order gradients only, so
 # SDPA's fused kernels may run although the inputs require gradients.
@@ -275,6 +280,8 @@ def _kernel(name: str) -> Callable[..., Any]:
                 or not _rotated_bounded(entry, call, options, q, k)):
             return NotImplemented
         fused = _FIRST_ORDER.get() or not _differentiated(arguments.floating)
+        if name in DIRECT and fused and not _FIRST_ORDER.get():
+            return DIRECT[name](q, k, v, named, call, mask)
         form = lowered(entry, q, k, v, named, call, options, mask=mask, terms=arguments.terms)
         if _FIRST_ORDER.get() and not by_sdpa(form):
             fused = False  # autograd runs through it: not the block engine's in-place steps
