@@ -1,10 +1,11 @@
 """CoPE's direct torch evaluation (`relpos_ref.kernels._torch_cope`) equals the specification.
 
 The torch kernel evaluates a CoPE call no gradient is taken of without the
-lowering (one product of ``q`` and ``k``); a differentiated call goes through
-the lowering, whose autograd carries the gates' gradient. Both are compared
-here with the specification on torch under `relpos_ref.kernels.disabled`, and
-the tests check which of the two ran.
+lowering (one product of ``q`` and ``k``), and its VJP kernel runs its own
+backward pass; a call autograd records goes through the lowering, whose
+autograd carries the gates' gradient. Each is compared here with the
+specification on torch under `relpos_ref.kernels.disabled`, and the tests
+check which path ran.
 """
 
 from __future__ import annotations
@@ -22,18 +23,28 @@ torch = pytest.importorskip("torch")
 torch_kernels = pytest.importorskip("relpos_ref.kernels.torch")
 
 
-@pytest.fixture
-def direct_calls(monkeypatch):
-    """The calls the direct evaluation received, counted."""
+def _counted(monkeypatch, table):
     seen = []
-    inner = torch_kernels.DIRECT["cope"]
+    inner = table["cope"]
 
     def counting(*args):
         seen.append(args)
         return inner(*args)
 
-    monkeypatch.setitem(torch_kernels.DIRECT, "cope", counting)
+    monkeypatch.setitem(table, "cope", counting)
     return seen
+
+
+@pytest.fixture
+def direct_calls(monkeypatch):
+    """The calls the direct evaluation received, counted."""
+    return _counted(monkeypatch, torch_kernels.DIRECT)
+
+
+@pytest.fixture
+def direct_vjps(monkeypatch):
+    """The calls the direct VJP received, counted."""
+    return _counted(monkeypatch, torch_kernels.DIRECT_VJP)
 
 
 def _spec(*args, **kwargs):
@@ -77,6 +88,26 @@ def test_the_direct_evaluation_equals_the_specification(call, direct_calls):
     np.testing.assert_allclose(out.numpy(), want.numpy(), **TOL[str(want.dtype)[6:]])
 
 
+@given(call=cope_calls(), seed=st.integers(0, 2**16))
+def test_the_direct_vjp_equals_the_specifications(call, seed, direct_vjps):
+    args, kwargs = call
+    out = _spec(*args, **kwargs)
+    rng = np.random.default_rng(seed)
+    kwargs["d_output"] = torch.from_numpy(rng.standard_normal(out.shape)).to(out.dtype)
+    direct_vjps.clear()
+    got = rp.cope_attention_vjp(*args, **kwargs)
+    with kernels.disabled():
+        want = rp.cope_attention_vjp(*args, **kwargs)
+    assert len(direct_vjps) == 1, "the call did not reach the direct VJP"
+    assert sorted(got) == sorted(want) == ["k", "q", "table", "v"]
+    tol = TOL[str(out.dtype)[6:]]
+    for name, grad in want.items():
+        assert got[name].dtype == grad.dtype and got[name].shape == grad.shape, name
+        scale = max(1.0, float(grad.abs().max()))  # gradients summed over broadcast batches
+        np.testing.assert_allclose(got[name].numpy(), grad.numpy(), rtol=tol["rtol"],
+                                   atol=tol["atol"] * scale, err_msg=name)
+
+
 def test_rows_with_no_key_are_zero(direct_calls):
     q, k, v = torch.randn(3, 2, 4, 3, dtype=torch.float64).unbind(0)
     mask = torch.tensor([[True, False, True, False], [False, False, False, False]] * 2)
@@ -99,7 +130,8 @@ def test_16_bit_calls_run_in_float32_and_return_their_dtype(dtype, direct_calls)
                                rtol=0, atol=float(torch.finfo(dtype).eps) * 4)
 
 
-def test_a_differentiated_call_goes_through_the_lowering_and_its_gradients(direct_calls):
+def test_a_differentiated_call_goes_through_the_lowering_and_its_gradients(direct_calls,
+                                                                          direct_vjps):
     # autograd needs the lowering's differentiable term: the direct evaluation works in place
     q, k, v = (torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
     table = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
@@ -113,10 +145,26 @@ def test_a_differentiated_call_goes_through_the_lowering_and_its_gradients(direc
         np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-10, atol=1e-12)
     d_output = torch.randn(2, 5, 3, dtype=torch.float64)
     found = rp.cope_attention_vjp(*(x.detach() for x in (q, k, v, table)), d_output=d_output)
-    assert not direct_calls  # the VJP kernel's forward runs under autograd
+    assert not direct_calls and len(direct_vjps) == 1  # the VJP's own backward pass
     with kernels.disabled():
         spec = rp.cope_attention_vjp(*(x.detach() for x in (q, k, v, table)),
                                      d_output=d_output)
     for name, grad in spec.items():
         np.testing.assert_allclose(found[name].numpy(), grad.numpy(), rtol=1e-10, atol=1e-12,
+                                   err_msg=name)
+
+
+def test_the_vjp_passes_no_gradient_to_a_position_at_an_integer(direct_vjps):
+    # k = 0: every gate is 1/2, so every second position is an integer, where the term's
+    # derivative by the position is 0 (ceil = floor), and the clamp holds from max_pos - 1
+    rng = np.random.default_rng(3)
+    q, v, d_output = (torch.from_numpy(rng.standard_normal((2, 9, 4))) for _ in range(3))
+    k = torch.zeros(2, 9, 4, dtype=torch.float64)
+    table = torch.from_numpy(rng.standard_normal((3, 4)))
+    got = rp.cope_attention_vjp(q, k, v, table, d_output=d_output)
+    with kernels.disabled():
+        want = rp.cope_attention_vjp(q, k, v, table, d_output=d_output)
+    assert len(direct_vjps) == 1
+    for name, grad in want.items():
+        np.testing.assert_allclose(got[name].numpy(), grad.numpy(), rtol=1e-10, atol=1e-12,
                                    err_msg=name)

@@ -30,15 +30,16 @@ gets zeros. Memory: a few ``(..., t_q, t_k)`` arrays, as the lowering's.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ..attention import allowed_keys
 from ..calls import Call
+from ..gradients import sum_to_shape
 from ..schemes._tables import table_logits
 
-__all__ = ["cope_fused"]
+__all__ = ["cope_fused", "cope_vjp_fused"]
 
 
 def _at_floor_and_ceil(z: Any, floor: Any) -> tuple[Any, Any]:
@@ -51,6 +52,64 @@ def _at_floor_and_ceil(z: Any, floor: Any) -> tuple[Any, Any]:
         found = found.unflatten(-1, (floor.shape[-1], 2))
         return found[..., 0], found[..., 1]
     return (torch.gather(pairs[..., 0], -1, floor), torch.gather(pairs[..., 1], -1, floor))
+
+
+class _Forward(NamedTuple):
+    """What a call's forward leaves for its VJP, keys reversed: ``(*batch, t_q, t_k)`` arrays."""
+
+    weights: Any  # the softmax (0 where a pair is not allowed)
+    gates: Any  # sigma(S) where allowed, 0 elsewhere
+    weight: Any  # lambda, the interpolation weight
+    floor: Any  # int64, the floor of the clamped position
+    slope: Any  # z at the ceiling minus z at the floor, 0 where the clamp holds
+    empty: Any  # (*batch, t_q, 1) rows with no allowed key, or None
+
+
+def _forward(q: Any, k: Any, v: Any, table: Any, call: Call, mask: Any, *,
+             keep: bool) -> tuple[Any, _Forward | None]:
+    # the output, and with `keep` what the VJP reads
+    allowed = allowed_keys(call.t_q, call.t_k, mask=mask, causal=call.causal,
+                           q_offset=call.q_offset, xp=call.xp, device=q.device)
+    shapes = [x.shape[:-2] for x in (q, k, v, table)]
+    empty = None
+    if allowed is not None:
+        shapes.append(allowed.shape[:-2])
+        # a row with no allowed key sees every key here (no NaN), and gets zeros below
+        empty = ~torch.any(allowed, dim=-1, keepdim=True)
+        allowed = (allowed | empty).flip(-1)
+    batch = torch.broadcast_shapes(*shapes)
+    q = q.expand(*batch, *q.shape[-2:])
+    k_reversed = k.flip(-2).expand(*batch, *k.shape[-2:])
+    v_reversed = v.flip(-2).expand(*batch, *v.shape[-2:])
+    scores = torch.matmul(q * call.scale, k_reversed.transpose(-1, -2))
+    gates = torch.sigmoid(scores)
+    if allowed is not None:
+        gates.mul_(allowed)
+    positions = torch.cumsum(gates, dim=-1)  # sum over the keys t >= j
+    positions.clamp_(max=table.shape[-2] - 1)
+    floor = positions.to(torch.int64)  # the floor: positions are not negative
+    weight = positions.frac_()
+    at_floor, at_ceil = _at_floor_and_ceil(table_logits(q, table), floor)
+    slope = None
+    if keep:  # d c / d p: 0 at an integer position (ceil = floor), so where clamped too
+        slope = (at_ceil - at_floor).mul_(weight > 0)
+        scores.add_(torch.lerp(at_floor, at_ceil, weight))
+    else:
+        gates = None
+        scores.add_(torch.lerp(at_floor, at_ceil, weight, out=weight))
+        weight = floor = None
+    del at_floor, at_ceil, positions
+    if allowed is not None:
+        zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
+        scores.add_(torch.where(allowed, zero, torch.full((), -math.inf, dtype=scores.dtype,
+                                                          device=scores.device)))
+    weights = torch.softmax(scores, dim=-1)
+    del scores
+    out = torch.matmul(weights, v_reversed)
+    if empty is not None:
+        out = torch.where(empty, torch.zeros((), dtype=out.dtype, device=out.device), out)
+    kept = _Forward(weights, gates, weight, floor, slope, empty) if keep else None
+    return out, kept
 
 
 def cope_fused(q: Any, k: Any, v: Any, tables: dict[str, Any], call: Call, mask: Any) -> Any:
@@ -83,37 +142,68 @@ def cope_fused(q: Any, k: Any, v: Any, tables: dict[str, Any], call: Call, mask:
     ...     bool(torch.allclose(out, rp.cope_attention(q, k, v, table)))
     True
     """
+    return _forward(q, k, v, tables["table"], call, mask, keep=False)[0]
+
+
+def cope_vjp_fused(q: Any, k: Any, v: Any, tables: dict[str, Any], call: Call, mask: Any,
+                   d_output: Any) -> dict[str, Any]:
+    r"""`relpos_ref.cope_attention_vjp` of a validated, finite, bounded call.
+
+    The forward again (`cope_fused`, keeping its ``(t_q, t_k)`` arrays), then,
+    keys reversed, with :math:`w` the weights and :math:`\bar o` `d_output`:
+    :math:`\bar{\tilde v} = w^\top \bar o`, :math:`\bar c = w\,(\bar o \tilde
+    v^\top - \operatorname{rowsum})`, the table logits
+    :math:`\bar z_{i,\lfloor \bar p \rfloor} \mathrel{+}= (1 - \lambda) \bar c`
+    and :math:`\bar z_{i,\lfloor \bar p \rfloor + 1} \mathrel{+}= \lambda \bar c`
+    (a scatter-add each), the positions :math:`\bar p = \bar c\,(z_\lceil -
+    z_\lfloor)` where not clamped, the gates by the transpose of the forward
+    cumulative sum (a sum from the end of the row), and the scaled logits
+    :math:`\bar S = \bar c + \bar g\, g (1 - g)`, which reach ``q`` and ``k``
+    through one product each. Each gradient is summed to its argument's shape.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import relpos_ref as rp
+    >>> from relpos_ref.schemes.cope import cope_call
+    >>> q, k, v, d_output = torch.randn(4, 2, 5, 4, dtype=torch.float64).unbind(0)
+    >>> table = torch.randn(3, 4, dtype=torch.float64)
+    >>> call = cope_call(q, k, v, table, scale=None, mask=None, causal=None, q_offset=None)
+    >>> got = cope_vjp_fused(q, k, v, {"table": table}, call, None, d_output)
+    >>> with rp.kernels.disabled():
+    ...     want = rp.cope_attention_vjp(q, k, v, table, d_output=d_output)
+    >>> all(torch.allclose(got[n], want[n]) for n in want)
+    True
+    """
     table = tables["table"]
-    allowed = allowed_keys(call.t_q, call.t_k, mask=mask, causal=call.causal,
-                           q_offset=call.q_offset, xp=call.xp, device=q.device)
-    shapes = [x.shape[:-2] for x in (q, k, v, table)]
-    empty = None
-    if allowed is not None:
-        shapes.append(allowed.shape[:-2])
-        # a row with no allowed key sees every key here (no NaN), and gets zeros below
-        empty = ~torch.any(allowed, dim=-1, keepdim=True)
-        allowed = (allowed | empty).flip(-1)
-    batch = torch.broadcast_shapes(*shapes)
-    q = q.expand(*batch, *q.shape[-2:])
-    k_reversed = k.flip(-2).expand(*batch, *k.shape[-2:])
+    _, kept = _forward(q, k, v, table, call, mask, keep=True)
+    weights = kept.weights
+    batch = weights.shape[:-2]
+    if kept.empty is not None:  # a row with no key passes no gradient
+        d_output = torch.where(kept.empty, torch.zeros((), dtype=d_output.dtype,
+                                                       device=d_output.device), d_output)
+    d_output = d_output.expand(*batch, *d_output.shape[-2:])
+    q_full = q.expand(*batch, *q.shape[-2:])
     v_reversed = v.flip(-2).expand(*batch, *v.shape[-2:])
-    scores = torch.matmul(q * call.scale, k_reversed.transpose(-1, -2))
-    positions = torch.sigmoid(scores)
-    if allowed is not None:
-        positions.mul_(allowed)
-    positions = torch.cumsum(positions, dim=-1)  # sum over the keys t >= j
-    positions.clamp_(max=table.shape[-2] - 1)
-    floor = positions.to(torch.int64)  # the floor: positions are not negative
-    weight = positions.frac_()
-    at_floor, at_ceil = _at_floor_and_ceil(table_logits(q, table), floor)
-    del floor
-    scores.add_(torch.lerp(at_floor, at_ceil, weight, out=weight))
-    del at_floor, at_ceil, weight, positions
-    if allowed is not None:
-        zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
-        scores.add_(torch.where(allowed, zero, torch.full((), -math.inf, dtype=scores.dtype,
-                                                          device=scores.device)))
-    out = torch.matmul(torch.softmax(scores, dim=-1), v_reversed)
-    if empty is not None:
-        out = torch.where(empty, torch.zeros((), dtype=out.dtype, device=out.device), out)
-    return out
+    k_reversed = k.flip(-2).expand(*batch, *k.shape[-2:])
+    dv = torch.matmul(weights.transpose(-1, -2), d_output).flip(-2)
+    d_logits = torch.matmul(d_output, v_reversed.transpose(-1, -2))
+    d_logits.sub_((d_logits * weights).sum(dim=-1, keepdim=True)).mul_(weights)
+    # the table logits: (1 - lambda) at the floor, lambda at the next integer
+    max_pos = table.shape[-2]
+    d_z = torch.zeros(*batch, call.t_q, max_pos + 1, dtype=q.dtype, device=q.device)
+    at_next = d_logits * kept.weight
+    d_z.scatter_add_(-1, kept.floor, d_logits - at_next)
+    d_z.scatter_add_(-1, kept.floor + 1, at_next)
+    d_z = d_z[..., :max_pos]
+    del at_next
+    # the positions, then the gates: a sum from the end of the reversed row
+    d_gates = torch.cumsum((d_logits * kept.slope).flip(-1), dim=-1).flip(-1)
+    gates = kept.gates
+    d_logits.add_(d_gates.mul_(gates).mul_(1.0 - gates))  # the scaled logits' cotangent
+    del d_gates
+    dq = torch.matmul(d_logits, k_reversed).mul_(call.scale) + torch.matmul(d_z, table)
+    dk = torch.matmul(d_logits.transpose(-1, -2), q_full).mul_(call.scale).flip(-2)
+    d_table = torch.matmul(d_z.transpose(-1, -2), q_full)
+    return {"q": sum_to_shape(dq, q.shape), "k": sum_to_shape(dk, k.shape),
+            "v": sum_to_shape(dv, v.shape), "table": sum_to_shape(d_table, table.shape)}

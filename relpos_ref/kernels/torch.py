@@ -17,7 +17,11 @@ scheme's terms are derived here. Two evaluators (`attend`):
   from one product per call or per block through views, relative values
   binned by run, no ``(t_q, t_k)`` array.
 
-``VJP_KERNELS`` compute each ``*_attention_vjp`` by the block engine's
+CoPE skips the lowering (``DIRECT``, `relpos_ref.kernels._torch_cope`): one
+product of ``q`` and ``k`` serves its gates and its logits.
+
+``VJP_KERNELS`` compute each ``*_attention_vjp`` (CoPE's by its own backward
+pass, ``DIRECT_VJP``) by the block engine's
 backward pass (`relpos_ref.kernels._torch_form_vjp`) for the form's arrays,
 carried back through the lowering to the call's arguments by
 `torch.autograd.grad` (plain attention's dense terms: autograd through the
@@ -80,7 +84,7 @@ from ._blocked_rows import (
     check_blocked_arguments,
 )
 from ._overflow import limit, logit_bound
-from ._torch_cope import cope_fused
+from ._torch_cope import cope_fused, cope_vjp_fused
 from ._torch_form import fits, form_attention
 from ._torch_form_vjp import form_vjp
 from ._torch_sdpa import by_sdpa, sdpa_form, sdpa_terms
@@ -101,6 +105,10 @@ BLOCKED_KERNELS: dict[str, Callable[..., Any]] = {}
 #: Scheme name -> its evaluation without the lowering, for calls no gradient is taken of:
 #: ``(q, k, v, tables, call, mask) -> out`` (CoPE: one product of q and k, not two).
 DIRECT: dict[str, Callable[..., Any]] = {"cope": cope_fused}
+
+#: Scheme name -> its VJP without the lowering's autograd:
+#: ``(q, k, v, tables, call, mask, d_output) -> gradients by name``.
+DIRECT_VJP: dict[str, Callable[..., Any]] = {"cope": cope_vjp_fused}
 
 # Set by the VJP kernels around their own forward call: first-order gradients only, so
 # SDPA's fused kernels may run although the inputs require gradients.
@@ -321,6 +329,9 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
                                                 if _is_array(a)}})
                 or not _rotated_bounded(entry, call, options, given["q"], given["k"])):
             return NotImplemented
+        if name in DIRECT_VJP:
+            return DIRECT_VJP[name](given["q"], given["k"], given["v"], arguments.tables, call,
+                                    given.get("mask"), d_output)
         # every floating argument, and array options completed by the checks (ALiBi's
         # slopes when not given: the specification returns their gradient too); integer
         # ones (RoPE's positions) are no leaves
