@@ -158,7 +158,10 @@ def _mlp(w1: Any, b1: Any, w2: Any, coords: Any) -> tuple[Any, Any, Any]:
     heads = _check_mlp(w1, b1, w2)
     pre = xp.matmul(coords, xp.matrix_transpose(w1)) + b1[..., None, :]
     hidden = xp.maximum(pre, xp.zeros((), dtype=pre.dtype, device=_xp.device(pre)))
-    z = xp.matmul(hidden, w2[..., :, None])[..., 0]  # no (H, n, m) product
+    if hidden.ndim == 2 and w2.ndim == 2:  # one hidden layer, an output per head: one product
+        z = xp.matrix_transpose(xp.matmul(hidden, xp.matrix_transpose(w2)))
+    else:  # no (H, n, m) product
+        z = xp.matmul(hidden, w2[..., :, None])[..., 0]
     if heads is not None and z.ndim == 1:
         z = z[None, :]
     if heads is not None:
