@@ -30,12 +30,12 @@ the sums by segment differ from the unit sums by rounding only
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import _xp
 from .schemes._fire_mlp import _tables, mlp_output
 
-__all__ = ["mlp_by_pieces", "segment_coefficients"]
+__all__ = ["Units", "mlp_by_pieces", "segment_coefficients", "units"]
 
 
 def _prefix(xp: Any, x: Any) -> Any:
@@ -60,13 +60,50 @@ def _sum_where(xp: Any, key: Any, chosen: Any, coefficient: Any, segments: Any, 
                                     axis=1)
 
 
+class Units(NamedTuple):
+    """An MLP's hidden units as the segments see them (`units`); ``n = H' m`` units."""
+
+    u: Any  # (n,) every unit's breakpoint, sorted (slope 0: +inf)
+    own: Any  # (n,) the segment of each unit's breakpoint, units in (g, i) order
+    rise: Any  # (n,) bool, w1 > 0
+    fall: Any  # (n,) bool, w1 < 0
+    flat: Any  # (n,) bool, w1 = 0 and b1 > 0: live everywhere (relu(b1))
+    slope: Any  # (H, n) w2[h, i] w1[g, i], 0 where g != h for one MLP per head
+    intercept: Any  # (H, n) w2[h, i] b1[g, i], likewise
+    segments: Any  # (2n + 1,) 0 .. 2n
+
+
+def units(w1: Any, b1: Any, w2: Any) -> Units:
+    """`w1`, `b1` ``(H', m)`` (``H'`` 1 or ``H``) and `w2` ``(H, m)``, finite, as `Units`."""
+    xp = _xp.array_namespace(w1, b1, w2)
+    dev = _xp.device(w1)
+    heads, hidden = w2.shape[0], w1.shape[0]
+    zero = xp.zeros((), dtype=w1.dtype, device=dev)
+    rise, fall = w1 > zero, w1 < zero
+    moving = rise | fall
+    z = -b1 / xp.where(moving, w1, zero + 1.0)
+    # every unit's breakpoint, repeats kept (no shape read from values); a unit of slope 0
+    # at +inf, which no finite x reaches
+    u = xp.sort(xp.reshape(xp.where(moving, z, zero + float("inf")), (-1,)))
+    own = xp.reshape(_segments(xp, u, xp.where(moving, z, zero)), (-1,))
+    # coefficients (H, n) of unit (g, i) for head h: w2[h, i] times w1[g, i] (or b1[g, i]),
+    # where g = h for one MLP per head
+    linked = xp.eye(heads, dtype=w1.dtype, device=dev)[:, :, None] if hidden > 1 else zero + 1.0
+    slope, intercept = (xp.reshape(w2[:, None, :] * t[None, :, :] * linked, (heads, -1))
+                        for t in (w1, b1))
+    flat = xp.reshape((~moving) & (b1 > zero), (-1,))
+    return Units(u, own, xp.reshape(rise, (-1,)), xp.reshape(fall, (-1,)), flat, slope,
+                 intercept, xp.arange(2 * u.shape[0] + 1, dtype=own.dtype, device=dev))
+
+
 def segment_coefficients(w1: Any, b1: Any, w2: Any, b2: Any) -> tuple[Any, Any, Any]:
     """The sorted breakpoints ``u`` ``(n,)`` and the coefficients ``A``, ``B`` ``(H, 2n + 1)``.
 
     `w1`, `b1` ``(H', m)`` with ``H'`` 1 (one hidden layer for every head) or
     ``H`` (one MLP per head), `w2` ``(H, m)``, `b2` ``(H,)``, finite;
     ``n = H' m``. On segment ``s`` (see the module docstring) head ``h`` is
-    ``A[h, s] x + B[h, s]``.
+    ``A[h, s] x + B[h, s]``. A unit of slope 0 adds its ``w2 w1 = 0`` to ``A``
+    where it is live, so that its ``w1`` gets the specification's gradient.
 
     Examples
     --------
@@ -80,31 +117,17 @@ def segment_coefficients(w1: Any, b1: Any, w2: Any, b2: Any) -> tuple[Any, Any, 
            [ 0. ,  0. , -0.5]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(w1, b1, w2, b2)
-    dev = _xp.device(w1)
-    heads, hidden = w2.shape[0], w1.shape[0]
-    zero = xp.zeros((), dtype=w1.dtype, device=dev)
-    rise, fall = w1 > zero, w1 < zero
-    moving = rise | fall
-    z = -b1 / xp.where(moving, w1, zero + 1.0)
-    # every unit's breakpoint, repeats kept (no shape read from values); a unit of slope 0
-    # at +inf, which no finite x reaches
-    u = xp.sort(xp.reshape(xp.where(moving, z, zero + float("inf")), (-1,)))
-    own = xp.reshape(_segments(xp, u, xp.where(moving, z, zero)), (-1,))
-    segments = xp.arange(2 * u.shape[0] + 1, dtype=own.dtype, device=dev)
-    # coefficients (H, n) of unit (g, i) for head h: w2[h, i] times w1[g, i] (or b1[g, i]),
-    # where g = h for one MLP per head
-    linked = xp.eye(heads, dtype=w1.dtype, device=dev)[:, :, None] if hidden > 1 else zero + 1.0
-    slope, intercept = (xp.reshape(w2[:, None, :] * t[None, :, :] * linked, (heads, -1))
-                        for t in (w1, b1))
-    rise, fall, moving = (xp.reshape(t, (-1,)) for t in (rise, fall, moving))
-    # a rising unit is live on the segments after its own, a falling one before it
-    a = (_sum_where(xp, own, rise, slope, segments, after=True)
-         + _sum_where(xp, own, fall, slope, segments, after=False))
-    b = (_sum_where(xp, own, rise, intercept, segments, after=True)
-         + _sum_where(xp, own, fall, intercept, segments, after=False))
-    flat = (~moving) & (xp.reshape(b1, (-1,)) > zero)  # slope 0: relu(b1), everywhere
-    constant = xp.sum(xp.where(flat, intercept, zero), axis=1) + b2
-    return u, a, b + constant[:, None]
+    found = units(w1, b1, w2)
+    zero = xp.zeros((), dtype=w1.dtype, device=_xp.device(w1))
+    out = []
+    for coefficient in (found.slope, found.intercept):
+        # a rising unit is live on the segments after its own, a falling one before it
+        live = (_sum_where(xp, found.own, found.rise, coefficient, found.segments, after=True)
+                + _sum_where(xp, found.own, found.fall, coefficient, found.segments,
+                             after=False))
+        flat = xp.sum(xp.where(found.flat, coefficient, zero), axis=1)
+        out.append(live + flat[:, None])
+    return found.u, out[0], out[1] + b2[:, None]
 
 
 def _segments(xp: Any, u: Any, x: Any) -> Any:

@@ -297,13 +297,9 @@ def test_the_vjp_by_blocks_of_rows_equals_one_block(monkeypatch, per_head):
         np.testing.assert_allclose(blocks[name], grad, rtol=1e-13, atol=1e-13, err_msg=name)
 
 
-@given(data=st.data())
-def test_the_lowering_s_piecewise_mlp_equals_the_unit_sums(data):
-    # breakpoints hit exactly, shared by two units, units with zero slope, one MLP per head
-    from relpos_ref._fire_pieces import mlp_by_pieces
-    from relpos_ref.schemes._fire_mlp import mlp_output
-
-    # one hidden layer, or one per head for w1, b1 or both (each head its own breakpoints)
+def _small_mlp(data):
+    # breakpoints hit exactly, shared by two units, units with zero slope; one hidden layer,
+    # or one per head for w1, b1 or both (each head its own breakpoints); inputs x (2, 3)
     m = data.draw(st.integers(1, 6), label="m")
     heads = data.draw(st.sampled_from([None, 2, 3]), label="heads")
     small = st.sampled_from([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0])
@@ -322,8 +318,41 @@ def test_the_lowering_s_piecewise_mlp_equals_the_unit_sums(data):
     x = np.asarray(data.draw(st.lists(st.sampled_from([-4.0, -1.0, -0.25, 0.0, 0.25, 0.5,
                                                         1.0, 2.0, 3.5]),
                                       min_size=6, max_size=6))).reshape(2, 3)
+    return x, w1, b1, w2, b2
+
+
+@given(data=st.data())
+def test_the_lowering_s_piecewise_mlp_equals_the_unit_sums(data):
+    from relpos_ref._fire_pieces import mlp_by_pieces
+    from relpos_ref.schemes._fire_mlp import mlp_output
+
+    x, w1, b1, w2, b2 = _small_mlp(data)
     np.testing.assert_allclose(mlp_by_pieces(x, w1, b1, w2, b2), mlp_output(x, w1, b1, w2, b2),
                                rtol=0, atol=1e-12)
+
+
+@given(data=st.data())
+def test_the_numpy_kernel_s_mlp_vjp_by_pieces_equals_the_unit_sums(data):
+    # at a breakpoint a unit passes no gradient, as the specification's relu(pre > 0)
+    from relpos_ref.gradients import sum_to_shape
+    from relpos_ref.kernels._numpy_vjp_fire import mlp_vjp_by_pieces
+    from relpos_ref.schemes._fire_mlp import _tables, mlp_vjp
+
+    x, w1, b1, w2, _ = _small_mlp(data)
+    heads = w2.shape[0]
+    d_out = np.asarray(data.draw(st.lists(st.sampled_from([-1.5, -1.0, 0.0, 0.5, 2.0]),
+                                          min_size=6 * heads, max_size=6 * heads)))
+    d_out = d_out.reshape(heads, *x.shape)
+    want = mlp_vjp(x, d_out, w1, b1, w2)
+    tw1, tb1, tw2, _ = _tables(w1, b1, w2, None)
+    hidden = max(tw1.shape[0], tb1.shape[0])
+    got = mlp_vjp_by_pieces(x, d_out, *(np.broadcast_to(t, (hidden, t.shape[1]))
+                                        for t in (tw1, tb1)), tw2)
+    np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-12, err_msg="x")
+    for name, g, w, shape in (("w1", got[1], want[1], tw1.shape), ("b1", got[2], want[2],
+                              tb1.shape), ("w2", got[3], want[3], tw2.shape)):
+        np.testing.assert_allclose(sum_to_shape(g, shape), sum_to_shape(w, shape), rtol=0,
+                                   atol=1e-12, err_msg=name)
 
 
 def test_the_kernels_pass_no_gradient_through_a_unit_at_its_breakpoint():
@@ -356,3 +385,23 @@ def test_the_lowering_s_mlp_keeps_nan_weights_and_flat_units():
         args = (np.asarray([[tiny]], dtype=dtype), np.asarray([0.5], dtype=dtype),
                 np.ones((1, 1), dtype=dtype), None)
         np.testing.assert_allclose(mlp_by_pieces(x, *args), mlp_output(x, *args), rtol=1e-6)
+
+
+def test_a_unit_of_slope_0_gets_the_specifications_w1_gradient():
+    # w1 = 0, b1 > 0: relu(0 x + b1) = b1 for every pair, and d/dw1 = w2 x there (the
+    # specification's pre > 0); the lowering's constant term once passed none to w1
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    rng = np.random.default_rng(0)
+    q, k, v, d_output = (rng.standard_normal((2, 5, 3)) for _ in range(4))
+    w1, b1 = np.asarray([[0.0], [1.0], [-0.7]]), np.asarray([0.5, -0.2, 0.3])
+    w2 = rng.standard_normal((2, 3))
+    with kernels.disabled():
+        want = rp.fire_attention_vjp(q, k, v, w1, b1, w2, d_output=d_output, L=3.0)
+    assert abs(want["w1"][0, 0]) > 1e-3  # the case tests something
+    for backend in ("numpy", "torch"):
+        wrap = torch.from_numpy if backend == "torch" else np.asarray
+        got = rp.fire_attention_vjp(*(wrap(a) for a in (q, k, v, w1, b1, w2)),
+                                    d_output=wrap(d_output), L=3.0)
+        for name, grad in want.items():
+            np.testing.assert_allclose(np.asarray(got[name]), grad, rtol=1e-12, atol=1e-12,
+                                       err_msg=f"{backend} {name}")

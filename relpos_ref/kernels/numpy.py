@@ -54,7 +54,10 @@ from ..schemes import (
     transformer_xl,
 )
 from ..schemes._tables import table_logits
-from . import _numpy_vjp_biases  # noqa: F401  (registers KERPLE's, Sandwich's, xPos's)
+from . import (
+    _numpy_vjp_biases,  # noqa: F401  (registers KERPLE's, Sandwich's, xPos's)
+    _numpy_vjp_fire,  # noqa: F401  (registers FIRE's)
+)
 from ._numpy_blocked import blocked_kernels
 from ._numpy_blocks import (
     AddRows,
