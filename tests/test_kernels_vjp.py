@@ -37,7 +37,7 @@ from relpos_ref.kernels._numpy_vjp_tiles import band_view, skew_view, tile_produ
 VJP_KERNELS = kernels.vjp_kernels("numpy")
 COVERED = ["plain", "absolute", "alibi", "bias", "deberta", "fire", "general", "grid2d", "kerple",
            "music", "rope", "sandwich",
-           "shaw", "swin", "t5", "transformer_xl", "xpos"]
+           "shaw", "swin", "swinv2", "t5", "transformer_xl", "xpos"]
 GRIDS = ("grid2d", "swin", "swinv2")  # self-attention over a row-major grid of h x w tokens
 RTOL = {"float64": 1e-10, "float32": 2e-4}
 
@@ -189,6 +189,8 @@ def _may_decline(scheme, args, kwargs):
         return True  # a mask broadcast along queries or keys: the specification refuses it
     if scheme == "music":
         return len(args) > 4 and args[4] is not None  # a relative value table
+    if scheme == "swinv2":  # an additive mask: a dense bias
+        return mask is not None and kwargs.get("mask_penalty") is not None
     if scheme == "shaw" and len(args) > 4 and args[4] is not None:
         return _v_widens_the_output(args, kwargs)
     return False

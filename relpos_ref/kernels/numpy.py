@@ -57,6 +57,7 @@ from ..schemes._tables import table_logits
 from . import (
     _numpy_vjp_biases,  # noqa: F401  (registers KERPLE's, Sandwich's, xPos's)
     _numpy_vjp_fire,  # noqa: F401  (registers FIRE's)
+    _numpy_vjp_swinv2,  # noqa: F401  (registers Swin v2's)
 )
 from ._numpy_blocked import blocked_kernels
 from ._numpy_blocks import (

@@ -440,18 +440,39 @@ def swinv2_attention_vjp(
     options = {"window_height": window_height, "window_width": window_width,
                "pretrained_window": pretrained_window}
     bias, used_mask = _bias_and_mask(w1, b1, w2, options, mask, mask_penalty)
-    q2, k2, q_hat, k_hat, tau = _operands(q, k, logit_scale)
+    q2, k2, *_ = _operands(q, k, logit_scale)
     fwd = forward(q2, k2, call, mask=used_mask, bias=bias)
     core = core_vjp(q2, k2, v, d_output, call, fwd)
     key, inside = _pairs_by_entry(window_height, window_width, xp=xp, device=device)
     zero = xp.zeros((), dtype=core.d_logits.dtype, device=device)
     d_table = xp.sum(xp.where(inside, _take_per_row(core.d_logits, key), zero), axis=-2)
-    coords = swinv2_coordinates(window_height, window_width, pretrained_window=pretrained_window,
+    return _carried_back(q, k, v, w1, b1, w2, options, logit_scale, core, d_table)
+
+
+def _carried_back(q: Any, k: Any, v: Any, w1: Any, b1: Any, w2: Any, options: dict[str, Any],
+                 logit_scale: Any, core: Any, d_table: Any) -> dict[str, Any]:
+    """`swinv2_attention_vjp` from Swin v1's: the cosine operands' and the table's cotangents.
+
+    `core` has ``dq``, ``dk``, ``dv``: the gradients of Swin v1's attention at
+    the cosine operands (`_operands`); `d_table` ``(h?, n)`` its table's
+    (the table `swinv2_table` gives). The window's sizes and
+    ``pretrained_window`` are in `options`. For a kernel that computes Swin
+    v1's VJP its own way.
+    """
+    xp, device = _xp.array_namespace(q, k, v), _xp.device(q)
+    window_height, window_width = options["window_height"], options["window_width"]
+    _, _, q_hat, k_hat, tau = _operands(q, k, logit_scale)
+    coords = swinv2_coordinates(window_height, window_width,
+                                pretrained_window=options["pretrained_window"],
                                 xp=xp, dtype=w1.dtype, device=device)
     pre, hidden, z = _mlp(w1, b1, w2, coords)
     sig = _sigmoid(xp, z)
     dz = sum_to_shape(d_table, z.shape) * 16.0 * sig * (1.0 - sig)  # (H?, n)
-    d_hidden = dz[..., None] * w2[..., None, :]
+    if pre.ndim == 2 and dz.ndim == 2:  # one hidden layer for every head: one product
+        d_hidden = xp.matmul(xp.matrix_transpose(dz), xp.broadcast_to(w2, (dz.shape[0],
+                                                                           w2.shape[-1])))
+    else:
+        d_hidden = dz[..., None] * w2[..., None, :]
     d_pre = xp.where(pre > 0, d_hidden, xp.zeros((), dtype=pre.dtype, device=device))
     out = {
         "v": sum_to_shape(core.dv, v.shape),
