@@ -21,8 +21,8 @@ cover:
 
 Each runs `relpos_ref.kernels._numpy_vjp.backward` with the scheme's `Term`,
 and returns fresh arrays of the arguments' shapes and dtype, keyed as the
-specification keys them. Every scheme of the catalog has one but FoX and
-CoPE (those run the specification): the terms add
+specification keys them. Every scheme of the catalog has one but FoX (the
+specification's runs there): the terms add
 what the forward kernels add (the same views and gathers, or a GEMM per
 block) and take their transposes per row block: column sums and products of
 the skewed tile for tables by distance, Shaw's clipped tables through the
@@ -36,7 +36,8 @@ change ``q`` and ``k``, the scalar biases, the 2-D schemes, Transformer-XL),
 `relpos_ref.kernels._numpy_vjp_tables` (Shaw, general, Music),
 `relpos_ref.kernels._numpy_vjp_deberta`, `relpos_ref.kernels._numpy_vjp_biases`
 (KERPLE, Sandwich, xPos), `relpos_ref.kernels._numpy_vjp_fire`,
-`relpos_ref.kernels._numpy_vjp_swinv2` (Swin v1's at the cosine operands);
+`relpos_ref.kernels._numpy_vjp_swinv2` (Swin v1's at the cosine operands),
+`relpos_ref.kernels._numpy_cope`;
 all register in `VJP_KERNELS`
 (`relpos_ref.kernels._numpy_vjp_common`).
 """

@@ -66,6 +66,7 @@ from ._numpy_blocks import (
     clipped_table_softmax,
     softmax_in_place,
 )
+from ._numpy_cope import cope_forward
 from ._numpy_forms import FORM_SCHEMES, form_kernel
 from ._numpy_terms import deberta_terms, grid_terms, one_sided_rows, window_bias
 from ._numpy_vjps import VJP_KERNELS
@@ -143,6 +144,7 @@ def _attend(
 for _name in FORM_SCHEMES:
     _register(_name)(form_kernel(_name, _attend))
 del _name
+KERNELS["cope"] = cope_forward(KERNELS["cope"])  # one product of q and k, not two
 
 
 @_register("swin")

@@ -71,7 +71,14 @@ from typing import Any
 from .. import _xp
 from ..attention import allowed_keys, attention
 from ..calls import Call, Defaults, computes_in_float32, resolve_call
-from ..gradients import check_d_output, content_vjp, core_vjp, forward, sum_to_shape
+from ..gradients import (
+    check_d_output,
+    content_vjp,
+    core_vjp,
+    forward,
+    masked_product,
+    sum_to_shape,
+)
 from ._tables import check_table, table_logits
 
 __all__ = [
@@ -402,7 +409,13 @@ def cope_attention_vjp(
         d_scaled = xp.where(allowed, d_scaled, zero)
     dq_g, dk_g = content_vjp(q, k, d_scaled * call.scale, allowed=fwd.allowed)
     dq_e = xp.matmul(d_logits_e, table)
-    d_table = xp.matmul(xp.matrix_transpose(d_logits_e), q)  # (..., max_pos, d)
+    # (..., max_pos, d): a query whose row has no allowed key reads no table row (its NaN
+    # stays out, as the content term's does)
+    reads = None
+    if allowed is not None:
+        grid = xp.broadcast_to(allowed, (*allowed.shape[:-2], call.t_q, call.t_k))
+        reads = xp.matrix_transpose(xp.any(grid, axis=-1, keepdims=True))
+    d_table = masked_product(xp.matrix_transpose(d_logits_e), q, used=reads)
     return {"q": sum_to_shape(core.dq + dq_g + dq_e, q.shape),
             "k": sum_to_shape(core.dk + dk_g, k.shape),
             "v": sum_to_shape(core.dv, v.shape),
