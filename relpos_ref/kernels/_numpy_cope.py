@@ -84,7 +84,8 @@ def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray, cal
     batch = np.broadcast_shapes(*shapes)
     q = np.broadcast_to(q, (*batch, *q.shape[-2:]))
     scores = np.matmul(q, np.swapaxes(k, -1, -2))
-    scores = np.array(np.broadcast_to(scores, (*batch, call.t_q, call.t_k)), order="C")
+    if scores.shape != (*batch, call.t_q, call.t_k) or not scores.flags.c_contiguous:
+        scores = np.array(np.broadcast_to(scores, (*batch, call.t_q, call.t_k)), order="C")
     scores *= scores.dtype.type(call.scale)
     with np.errstate(over="ignore"):  # exp(-S) = inf: a gate of 0
         gates = np.exp(-scores)
