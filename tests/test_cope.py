@@ -318,3 +318,17 @@ def test_the_triton_kernels_take_cope_and_reach_the_gates():
     for name, w in want_g.items():
         np.testing.assert_allclose(grads[name].numpy(), w.numpy(), rtol=1e-9, atol=1e-11,
                                    err_msg=name)
+
+
+def test_the_numpy_kernel_s_weights_leave_out_the_batch_only_v_has():
+    # v with more leading axes than q, k and the table widens the output, not the weights
+    # (the kernel's weights once took v's batch)
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((2, 2, 3, 4))
+    v, table = rng.standard_normal((5, 2, 3, 1)), rng.standard_normal((3, 4))
+    out, weights = rp.cope_attention(q, k, v, table, return_weights=True)
+    with kernels.disabled():
+        want_out, want_weights = rp.cope_attention(q, k, v, table, return_weights=True)
+    assert weights.shape == want_weights.shape == (2, 3, 3)
+    np.testing.assert_allclose(weights, want_weights, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(out, want_out, rtol=1e-12, atol=1e-14)

@@ -78,7 +78,8 @@ def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray, cal
     # (out, weights, what the VJP reads)
     allowed = allowed_keys(call.t_q, call.t_k, mask=mask, causal=call.causal,
                            q_offset=call.q_offset, xp=call.xp, device=None)
-    shapes = [x.shape[:-2] for x in (q, k, v, table)]
+    # the weights' batch: v's too only for the VJP (whose cotangent has the output's)
+    shapes = [x.shape[:-2] for x in ((q, k, v, table) if keep else (q, k, table))]
     if allowed is not None:
         shapes.append(allowed.shape[:-2])
     batch = np.broadcast_shapes(*shapes)
