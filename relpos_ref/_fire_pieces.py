@@ -25,7 +25,13 @@ hidden units of every pair and head; this reads two coefficients, so the
 lowering's dense bias costs ``O(t_q t_k (log(H m) + H))`` instead of
 ``O(t_q t_k H m)``. ``f`` is continuous (a unit is 0 at its breakpoint);
 the sums by segment differ from the unit sums by rounding only
-(tests/test_fire.py and tests/test_lowering.py prove it).
+(tests/test_fire.py and tests/test_lowering.py prove it), and each sums
+live units only (a sum of every unit less the dead ones cancelled: 0.5
+for 0.25 with ``w1 = -1e8`` in float32). One difference is not rounding of
+the sum: at an input within rounding of a breakpoint the specification's
+``w1 x + b1`` may round to either sign, where the segments compare ``x``
+with ``-b1 / w1``, so such a unit's gradient may be passed by one and not
+the other.
 """
 
 from __future__ import annotations
@@ -47,17 +53,16 @@ def _prefix(xp: Any, x: Any) -> Any:
 def _sum_where(xp: Any, key: Any, chosen: Any, coefficient: Any, segments: Any, *,
                after: bool) -> Any:
     # (H, S): for each segment s, the sum of the chosen units' coefficients (H, N) whose key
-    # is below s (after) or above it (not after), from prefix sums in the keys' order
+    # is below s (after) or above it (not after), from prefix sums in the order the live
+    # units come first (no sum of dead units taken away: no cancellation)
     n_seg = segments.shape[0]
-    key = xp.where(chosen, key, xp.full_like(key, n_seg if after else -1))
+    if not after:  # keys above s: below -s, counted the same way
+        key, segments = -key, -segments
+    key = xp.where(chosen, key, xp.full_like(key, n_seg))
     order = xp.argsort(key)
     zero = xp.zeros((), dtype=coefficient.dtype, device=_xp.device(coefficient))
     prefix = _prefix(xp, xp.take(xp.where(chosen, coefficient, zero), order, axis=1))
-    ranked = xp.take(key, order)
-    if after:
-        return xp.take(prefix, xp.searchsorted(ranked, segments, side="left"), axis=1)
-    return prefix[:, -1:] - xp.take(prefix, xp.searchsorted(ranked, segments, side="right"),
-                                    axis=1)
+    return xp.take(prefix, xp.searchsorted(xp.take(key, order), segments, side="left"), axis=1)
 
 
 class Units(NamedTuple):
@@ -140,9 +145,10 @@ def _segments(xp: Any, u: Any, x: Any) -> Any:
 def mlp_by_pieces(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
     """FIRE's MLP output ``(H, t_q, t_k)`` at the inputs `x` ``(t_q, t_k)``, by its pieces.
 
-    Tables that are not all finite are evaluated unit by unit
+    Tables or inputs that are not all finite are evaluated unit by unit
     (`relpos_ref.schemes._fire_mlp.mlp_output`): a NaN weight makes the bias NaN,
-    as the specification's.
+    and an infinite input (``L = eps = 0`` before position 0) reads relu's 0, as
+    the specification's.
 
     Examples
     --------
@@ -154,8 +160,8 @@ def mlp_by_pieces(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
     """
     xp = _xp.array_namespace(x, w1)
     tables = [t for t in (w1, b1, w2, b2) if t is not None]
-    if not all(bool(xp.all(xp.isfinite(t))) for t in tables):
-        return mlp_output(x, w1, b1, w2, b2)
+    if not all(bool(xp.all(xp.isfinite(t))) for t in (*tables, x)):
+        return mlp_output(x, w1, b1, w2, b2)  # A x + B would make an infinite x's 0 slope NaN
     tw1, tb1, tw2, tb2 = _tables(w1, b1, w2, b2)
     heads = max(tw1.shape[0], tb1.shape[0], tw2.shape[0], tb2.shape[0])
     hidden, m = max(tw1.shape[0], tb1.shape[0]), tw1.shape[-1]

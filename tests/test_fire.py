@@ -405,3 +405,18 @@ def test_a_unit_of_slope_0_gets_the_specifications_w1_gradient():
         for name, grad in want.items():
             np.testing.assert_allclose(np.asarray(got[name]), grad, rtol=1e-12, atol=1e-12,
                                        err_msg=f"{backend} {name}")
+
+
+def test_the_pieces_sum_live_units_only_and_read_relu_s_0_at_an_infinite_input():
+    # a falling unit of slope -1e8 dead at x = 0.25 once cancelled the live one's 0.25 away
+    # (float32); L = eps = 0 before position 0 makes x infinite, where relu is 0 or inf
+    from relpos_ref._fire_pieces import mlp_by_pieces
+    from relpos_ref.schemes._fire_mlp import mlp_output
+
+    x = np.asarray([[0.25]], dtype=np.float32)
+    args = (np.asarray([[-1e8], [-1.0]], dtype=np.float32), np.asarray([0.0, 0.5], np.float32),
+            np.ones((1, 2), dtype=np.float32), None)
+    np.testing.assert_allclose(mlp_by_pieces(x, *args), mlp_output(x, *args), rtol=1e-6)
+    x = np.asarray([[np.inf, 0.5]])
+    args = (np.asarray([[-1.0], [-2.0]]), np.asarray([0.5, 0.3]), np.ones((1, 2)), None)
+    np.testing.assert_array_equal(mlp_by_pieces(x, *args), mlp_output(x, *args))
