@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 from . import _xp
 from .schemes._fire_mlp import _tables, mlp_output
 
-__all__ = ["Units", "mlp_by_pieces", "segment_coefficients", "units"]
+__all__ = ["Units", "live_sums", "mlp_by_pieces", "segment_coefficients", "units"]
 
 
 def _prefix(xp: Any, x: Any) -> Any:
@@ -121,18 +121,31 @@ def segment_coefficients(w1: Any, b1: Any, w2: Any, b2: Any) -> tuple[Any, Any, 
     Array([[ 0. ,  0. ,  1. ],
            [ 0. ,  0. , -0.5]], dtype=array_api_strict.float64)
     """
-    xp = _xp.array_namespace(w1, b1, w2, b2)
     found = units(w1, b1, w2)
-    zero = xp.zeros((), dtype=w1.dtype, device=_xp.device(w1))
-    out = []
-    for coefficient in (found.slope, found.intercept):
-        # a rising unit is live on the segments after its own, a falling one before it
-        live = (_sum_where(xp, found.own, found.rise, coefficient, found.segments, after=True)
-                + _sum_where(xp, found.own, found.fall, coefficient, found.segments,
-                             after=False))
-        flat = xp.sum(xp.where(found.flat, coefficient, zero), axis=1)
-        out.append(live + flat[:, None])
-    return found.u, out[0], out[1] + b2[:, None]
+    return (found.u, live_sums(found, found.slope),
+            live_sums(found, found.intercept) + b2[:, None])
+
+
+def live_sums(found: Units, coefficient: Any) -> Any:
+    r"""``(H, 2n + 1)``: per segment, the sum of `coefficient` ``(H, n)`` over the live units.
+
+    A rising unit is live on the segments after its own, a falling one on those
+    before it, a unit of slope 0 with ``b1 > 0`` on every one:
+    :math:`\sum_{n \text{ live on } s} c_{hn}`.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> found = units(xp.asarray([[1.0, -1.0]]), xp.zeros((1, 2)),
+    ...               xp.ones((1, 2)))  # relu(x) and relu(-x): both break at 0
+    >>> live_sums(found, xp.asarray([[1.0, 10.0]]))  # the falling one below 0, rising above
+    Array([[10., 10.,  0.,  1.,  1.]], dtype=array_api_strict.float64)
+    """
+    xp = _xp.array_namespace(coefficient)
+    zero = xp.zeros((), dtype=coefficient.dtype, device=_xp.device(coefficient))
+    live = (_sum_where(xp, found.own, found.rise, coefficient, found.segments, after=True)
+            + _sum_where(xp, found.own, found.fall, coefficient, found.segments, after=False))
+    return live + xp.sum(xp.where(found.flat, coefficient, zero), axis=1)[:, None]
 
 
 def _segments(xp: Any, u: Any, x: Any) -> Any:

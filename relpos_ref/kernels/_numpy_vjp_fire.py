@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .._fire_pieces import _segments, mlp_by_pieces, segment_coefficients, units
+from .._fire_pieces import _segments, live_sums, mlp_by_pieces, units
 from ..gradients import check_d_output
 from ..schemes import fire
 from ..schemes._fire_mlp import _check_mlp, _tables
@@ -74,7 +74,7 @@ def mlp_vjp_by_pieces(x: np.ndarray, d_out: np.ndarray, w1: np.ndarray, b1: np.n
     n_seg = found.segments.shape[0]
     zero = np.zeros((), dtype=x.dtype)
     d_flat = d_out.reshape(heads, -1)
-    _, a, _ = segment_coefficients(w1, b1, w2, np.zeros(heads, dtype=x.dtype))
+    a = live_sums(found, found.slope)  # each pair's slope A, as the forward reads it
     d_x = np.einsum("hp,hp->p", d_flat, a[:, segment]).reshape(x.shape)
     d_a = np.stack([np.bincount(segment, weights=d_flat[h] * flat, minlength=n_seg)
                     for h in range(heads)]).astype(x.dtype)
