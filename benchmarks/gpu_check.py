@@ -18,7 +18,9 @@ keeps what it measured):
    kernels) against their forward passes, float16 and float32;
 4. ``tiles``: bias (with and without a mask), Shaw and DeBERTa under other tiles,
    warps and pipeline stages, to choose the defaults
-   (`relpos_ref.kernels._triton_launch.TILES`);
+   (`relpos_ref.kernels._triton_launch.TILES`); bias, T5 and the bias's VJP
+   with the tiles past a bias's ends reading one entry per query, and without
+   (`relpos_ref.kernels._triton_launch.ENDS_ITEMSIZES`);
 5. ``blocked``: `relpos_ref.blocked_attention` at ``--t-blocked`` (262144),
    one head, time and the GPU memory it takes beyond its inputs;
 6. ``kernels``: the Triton kernels' proofs (``tests/test_kernels_triton.py``,
@@ -298,6 +300,19 @@ def tiles(args) -> list[dict[str, Any]]:
                        "stages": stages, "precision": kt.PRECISION}
                 with mock.patch.dict(_triton_launch.TILES, tile), \
                         mock.patch.object(_triton_launch, "STAGES", stages):
+                    try:
+                        row["seconds"] = _timed("torch", calls[scheme], args.repeat)
+                    except Exception as exc:
+                        row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+                found.append(row)
+                print(row, flush=True)
+        # tiles wholly past a bias's ends read one entry per query (`ENDS_ITEMSIZES`, 16-bit
+        # by default): each call with that path on for every width, and off
+        for scheme in ("bias", "t5", "bias vjp"):
+            for ends in (frozenset({2, 4}), frozenset()):
+                row = {"dtype": dtype, "scheme": scheme, "ends_itemsizes": sorted(ends),
+                       "precision": kt.PRECISION}
+                with mock.patch.object(_triton_launch, "ENDS_ITEMSIZES", ends):
                     try:
                         row["seconds"] = _timed("torch", calls[scheme], args.repeat)
                     except Exception as exc:

@@ -95,3 +95,33 @@ def test_the_masked_bias_call_makes_its_mask_once_and_masks(gpu_check, monkeypat
     with rp.kernels.disabled():
         want = rp.bias_attention(q, k, v, table, mask=keep)
     assert not keep.all() and torch.allclose(first, want, atol=1e-6)
+
+
+def test_the_tiles_section_times_each_call_with_and_without_the_bias_ends(gpu_check,
+                                                                         monkeypatch):
+    # the section on CPU torch tensors through Triton's interpreter, t = 32: every row timed
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import numpy as np
+
+    from relpos_ref.kernels import triton as kt
+
+    def cpu_arrays(library, dtype, heads, t, d, seed=0):
+        rng = np.random.default_rng(seed)
+
+        def put(a):
+            return torch.from_numpy(np.ascontiguousarray(a)).to(getattr(torch, dtype))
+
+        return put, [put(rng.standard_normal((heads, t, d), dtype=np.float32))
+                     for _ in range(3)]
+
+    monkeypatch.setattr(gpu_check, "_arrays", cpu_arrays)
+    monkeypatch.setattr(gpu_check, "_sync", lambda library: None)
+    args = gpu_check.argparse.Namespace(heads=2, t=32, repeat=1)
+    with kt.interpreted():
+        rows = gpu_check.tiles(args)
+    assert all("seconds" in r for r in rows), [r for r in rows if "seconds" not in r]
+    ends = {(r["dtype"], r["scheme"], tuple(r["ends_itemsizes"]))
+            for r in rows if "ends_itemsizes" in r}
+    assert ends == {(dtype, scheme, widths) for dtype in ("float16", "float32")
+                    for scheme in ("bias", "t5", "bias vjp") for widths in ((2, 4), ())}

@@ -13,6 +13,7 @@ tensors, or hand the call back only where the module says it does.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from unittest import mock
 
@@ -29,6 +30,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 kt = pytest.importorskip("relpos_ref.kernels.triton")
 from relpos_ref.kernels import _triton_launch  # noqa: E402
+from relpos_ref.kernels._triton_forward import attention_forward  # noqa: E402
+from relpos_ref.lowering import lower  # noqa: E402
 
 INTERPRETED = kt.INTERPRETER
 if INTERPRETED:
@@ -51,9 +54,17 @@ TOL = {"float64": {"rtol": 1e-10, "atol": 1e-12}, "float32": {"rtol": 2e-4, "ato
        "float16": {"rtol": 2.5e-3, "atol": 1e-3}, "bfloat16": {"rtol": 2e-2, "atol": 8e-3}}
 
 
+@contextlib.contextmanager
 def _small_tiles():
-    """Tiles of 16 queries and keys, so that calls of a few dozen span several."""
-    return mock.patch.dict(_triton_launch.TILES, dict.fromkeys(_triton_launch.TILES, (16, 16, 4)))
+    """Tiles of 16 queries and keys, so that calls of a few dozen span several.
+
+    Every dtype reads one entry per query in the tiles past a bias's ends,
+    as 16-bit calls do, so that float64 proves that path exactly.
+    """
+    every = frozenset({2, 4, 8})
+    with mock.patch.dict(_triton_launch.TILES, dict.fromkeys(_triton_launch.TILES, (16, 16, 4))), \
+            mock.patch.object(_triton_launch, "ENDS_ITEMSIZES", every):
+        yield
 
 
 def _public(scheme):
@@ -148,7 +159,7 @@ def test_causal_calls_reach_the_last_key_a_tile_may_see(q_offset):
 
 @pytest.mark.parametrize("max_distance", range(18))
 def test_tiles_at_the_ends_of_the_table_read_one_row(max_distance):
-    """A tile wholly beyond the band reads one row per end, and no tile next to the band does.
+    """A tile wholly beyond the band reads one row (a bias: one entry) per end; no other tile does.
 
     Tiles of 16 and every K from 0 to 17 put the band's edge at every place
     of a tile's window of 31 distances.
@@ -160,10 +171,35 @@ def test_tiles_at_the_ends_of_the_table_read_one_row(max_distance):
               _tensor(data.standard_normal((rows, 16)), torch.float64)]
     span = max(max_distance, 1)  # DeBERTa: rows for -(S - 1) .. S
     deberta = [_tensor(data.standard_normal((2 * span, 16)), torch.float64) for _ in range(2)]
-    for scheme, args in (("shaw", (q, k, v, *tables)), ("deberta", (q, k, v, *deberta))):
+    bias = _tensor(data.standard_normal((2, rows)), torch.float64)  # one entry per pair's tile
+    for scheme, args in (("shaw", (q, k, v, *tables)), ("deberta", (q, k, v, *deberta)),
+                         ("bias", (q, k, v, bias))):
         with _small_tiles():
             got = _run(scheme, args, {"q_offset": 3})
         _assert_close(got, _spec(scheme, args, {"q_offset": 3}), "float64")
+
+
+@pytest.mark.parametrize(("scheme", "options", "ends"), [
+    ("bias", {}, (36, 42)),  # K = 3: r <= -3 is c <= 36, r >= 3 is c >= 42 (c = r + 39)
+    ("bias", {"beyond": "zero"}, (35, 43)),  # zero beyond K: from r = -4 and r = 4 on
+    ("t5", {"max_distance": 8}, (35, 43)),  # 4 buckets a side, 2 exact: the last from |r| = 4
+    ("alibi", {}, (0, 88)),  # a row per distance: no tile reads one entry, no split
+])
+def test_the_launch_passes_where_a_bias_reads_one_entry(scheme, options, ends):
+    q = _tensor(np.zeros((2, 40, 8)), torch.float32)
+    k = v = _tensor(np.zeros((2, 50, 8)), torch.float32)
+    tables = {"bias": [_tensor(np.arange(14.0).reshape(2, 7), torch.float32)],
+              "t5": [_tensor(np.arange(16.0).reshape(2, 8), torch.float32)]}.get(scheme, [])
+    form = lower(scheme, q, k, v, *tables, **options)
+    launch = _triton_launch.forward_arguments(form, interpret=INTERPRETED)
+    named = dict(zip(attention_forward.arg_names, launch.args, strict=False))
+    assert (named["glo"], named["ghi"]) == ends
+    assert not launch.constants["G_ENDS"]  # float32: each pair read
+    half = lower(scheme, *(x.to(torch.float16) for x in (q, k, v, *tables)), **options)
+    launch = _triton_launch.forward_arguments(half, interpret=INTERPRETED)
+    named = dict(zip(attention_forward.arg_names, launch.args, strict=False))
+    assert (named["glo"], named["ghi"]) == ends
+    assert launch.constants["G_ENDS"] == (ends != (0, 88))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -117,6 +117,24 @@ def test_vjp_kernel_over_several_tiles(scheme, causal):
     _assert_gradients(_run(scheme, args, kwargs), _spec(scheme, args, kwargs), "float64")
 
 
+@pytest.mark.parametrize("max_distance", [0, 1, 4, 5, 14, 15, 16, 17])
+def test_a_bias_tile_beyond_the_band_adds_its_gradient_at_one_entry(max_distance):
+    """Tiles of 16: a window of 31 distances ends at the clipped end, or one past it.
+
+    The tiles' smallest differences are ``24 + 16 m`` (``c = j - i + 39``)
+    and the table's first row covers ``c <= 42 - K``, its last ``c >= 42 +
+    K``: K = 4 and 14 put a tile's window exactly at an end, 5 and 15 one
+    difference over it.
+    """
+    data = np.random.default_rng(max_distance)
+    q, k, v = (_tensor(data.standard_normal((2, t, 8)), torch.float64) for t in (40, 48, 48))
+    table = _tensor(data.standard_normal((2, 2 * max_distance + 1)), torch.float64)
+    kwargs = {"q_offset": 3, "d_output": _tensor(data.standard_normal((2, 40, 8)),
+                                                 torch.float64)}
+    args = (q, k, v, table)
+    _assert_gradients(_run("bias", args, kwargs), _spec("bias", args, kwargs), "float64")
+
+
 def test_a_window_scheme_and_a_recorded_call_hand_back():
     q = k = v = _tensor(np.ones((2, 4, 4)), torch.float32)
     d_output = _tensor(np.ones((2, 4, 4)), torch.float32)

@@ -107,10 +107,15 @@ def test_a_launch_the_device_refuses_takes_fewer_stages_and_remembers(monkeypatc
     with pytest.raises(Exception, match="shared memory"):
         _triton_launch.run(nowhere, (1, 1), [], {"BM": 128}, 8, like)
     assert nowhere.stages == [None, 2, 1]
-    monkeypatch.setattr(_triton_launch, "STAGES", 3)  # set: the only choice
-    chosen = _RefusingKernel({3})
+    monkeypatch.setattr(_triton_launch, "STAGES", 4)  # set: the only choice
+    chosen = _RefusingKernel({4, None})
     _triton_launch.run(chosen, (1, 1), [], {"BM": 128}, 8, like)
-    assert chosen.stages == [3]
+    assert chosen.stages == [4]
+    # not remembered: unset again, the variant starts from the default (4 is no choice; the
+    # GPU run's tile sweep raised "x not in tuple" on the next call of a swept variant)
+    monkeypatch.setattr(_triton_launch, "STAGES", None)
+    _triton_launch.run(chosen, (1, 1), [], {"BM": 128}, 8, like)
+    assert chosen.stages == [4, None]
 
 
 class _FailingKernel:

@@ -21,7 +21,8 @@ gradients), `attention_dkdv` takes ``BN`` keys and walks the queries (``dk'``
 and ``dv``), so that neither writes another program's rows. A bias row by
 distance (``G*_ROW``: one row shared by the queries) gets the sum of each
 tile's diagonals, one atomic addition per distance of the tile's window
-(``BM + BN - 1``) instead of one per pair. 16-bit products run as in the
+(``BM + BN - 1``) instead of one per pair; with ``G_ENDS``, a tile wholly
+where the row's map reads one table entry, one addition. 16-bit products run as in the
 forward (`relpos_ref.kernels._triton_forward.product`), ``p`` and ``dl``
 split in two 16-bit parts.
 """
@@ -32,23 +33,46 @@ import triton
 import triton.language as tl
 
 from ._triton_forward import product
-from ._triton_tiles import allowed_pairs, batch_of, difference, load_rows
+from ._triton_tiles import add_gathered, allowed_pairs, batch_of, difference, load_rows
 
 
 @triton.jit
-def _logits(q, k, scale, g1, g2, qc1, qc2, KC1, KC2, low1, low2, s1c, s2c, offs_m, offs_n,
-            n_ok, inside, t_q, NG: tl.constexpr, G1_COORDS: tl.constexpr,
-            G2_COORDS: tl.constexpr, Q_WIDE: tl.constexpr, K_WIDE: tl.constexpr,
-            DOT: tl.constexpr, OPERAND: tl.constexpr, PRECISION: tl.constexpr):
-    # the forward's logits of a tile, before the mask
+def _logits(q, k, scale, g1, g2, qc1, qc2, KC1, KC2, low1, low2, s1c, s2c, glo, ghi, offs_m,
+            offs_n, m_ok, n_ok, inside, c0, t_q, SPAN: tl.constexpr, NG: tl.constexpr,
+            G1_COORDS: tl.constexpr, G2_COORDS: tl.constexpr, G_ENDS: tl.constexpr,
+            Q_WIDE: tl.constexpr, K_WIDE: tl.constexpr, DOT: tl.constexpr,
+            OPERAND: tl.constexpr, PRECISION: tl.constexpr):
+    # the forward's logits of a tile, before the mask (c0: the tile's smallest difference)
     s = product(q, tl.trans(k), Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION) * scale
     if NG >= 1:
-        diff1 = difference(offs_m, offs_n, n_ok, t_q, qc1, KC1, low1, G1_COORDS)
-        s += tl.load(g1 + diff1 * s1c, mask=inside, other=0.0)
+        s = add_gathered(s, g1, s1c, offs_m, offs_n, m_ok, n_ok, inside, t_q, qc1, KC1,
+                         low1, c0, glo, ghi, SPAN, G_ENDS, G1_COORDS)
     if NG >= 2:
-        diff2 = difference(offs_m, offs_n, n_ok, t_q, qc2, KC2, low2, G2_COORDS)
-        s += tl.load(g2 + diff2 * s2c, mask=inside, other=0.0)
+        s = add_gathered(s, g2, s2c, offs_m, offs_n, m_ok, n_ok, inside, t_q, qc2, KC2,
+                         low2, c0, glo, ghi, SPAN, G_ENDS, G2_COORDS)
     return s
+
+
+@triton.jit
+def _row_gradient(e, e_c, dl, c0, glo, ghi, n_diff, w, spread, spread_ok, SPAN: tl.constexpr,
+                  ENDS: tl.constexpr):
+    """A tile's ``dl`` summed into the gradient of a bias row by distance, ``e[c]``.
+
+    Each of the tile's differences ``c0 + w`` gets the sum of its diagonal,
+    one atomic addition per difference. With ``ENDS``, a tile wholly where
+    the terms' maps read one entry (``c <= glo`` or ``c >= ghi``, as
+    `add_gathered` reads it) adds its whole sum at ``glo`` or ``ghi``: those
+    differences read one table entry, whose gradient through the map is the same.
+    """
+    if ENDS and c0 + SPAN <= glo:
+        tl.atomic_add(e + glo * e_c, tl.sum(tl.sum(dl, axis=1), axis=0))
+    elif ENDS and c0 >= ghi:
+        tl.atomic_add(e + ghi * e_c, tl.sum(tl.sum(dl, axis=1), axis=0))
+    else:
+        along = tl.gather(dl, tl.where(spread_ok, spread, 0), axis=1)
+        sums = tl.sum(tl.where(spread_ok, along, 0.0), axis=0)
+        c = c0 + w
+        tl.atomic_add(e + c * e_c, sums, mask=(c >= 0) & (c < n_diff))
 
 
 @triton.jit
@@ -65,11 +89,11 @@ def attention_dq(
     n_b, n_h, t_q, t_k, q_offset, scale, n_diff,
     Mask, sma, smb, smh, smm, smn,
     G1, s1a, s1b, s1h, s1m, s1c, QC1, KC1, low1, DG1, e1a, e1b, e1h, e1m, e1c,
-    G2, s2a, s2b, s2h, s2m, s2c, QC2, KC2, low2, DG2, e2a, e2b, e2h, e2m, e2c,
+    G2, s2a, s2b, s2h, s2m, s2c, QC2, KC2, low2, DG2, e2a, e2b, e2h, e2m, e2c, glo, ghi,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-    NG: tl.constexpr, G1_COORDS: tl.constexpr, G2_COORDS: tl.constexpr,
+    NG: tl.constexpr, G1_COORDS: tl.constexpr, G2_COORDS: tl.constexpr, G_ENDS: tl.constexpr,
     G1_ROW: tl.constexpr, G2_ROW: tl.constexpr,
     DOT: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     Q_WIDE: tl.constexpr, K_WIDE: tl.constexpr, INTERPRET: tl.constexpr,
@@ -115,9 +139,9 @@ def attention_dq(
         inside = m_ok[:, None] & n_ok[None, :]
         k = load_rows(K, a, b, h, ska, skb, skh, skn, offs_n, offs_d, n_ok, d_ok)
         vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv, n_ok, dv_ok)
-        s = _logits(q, k, scale, g1, g2, qc1, qc2, KC1, KC2, low1, low2, s1c, s2c, offs_m,
-                    offs_n, n_ok, inside, t_q, NG, G1_COORDS, G2_COORDS, Q_WIDE, K_WIDE, DOT,
-                    OPERAND, PRECISION)
+        s = _logits(q, k, scale, g1, g2, qc1, qc2, KC1, KC2, low1, low2, s1c, s2c, glo, ghi,
+                    offs_m, offs_n, m_ok, n_ok, inside, j0 - i0 + t_q - BM, t_q, BM + BN - 2,
+                    NG, G1_COORDS, G2_COORDS, G_ENDS, Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
         allowed = allowed_pairs(inside, offs_m, offs_n, q_offset, mask_rows, smn, CAUSAL,
                                 HAS_MASK)
         p = _weights(s, allowed, lse)
@@ -125,22 +149,18 @@ def attention_dq(
         dl = p * (dp - delta[:, None])
         dq += product(dl, k, SPLIT, K_WIDE, DOT, OPERAND, PRECISION) * scale
         if NG >= 1:
-            diff1 = difference(offs_m, offs_n, n_ok, t_q, qc1, KC1, low1, G1_COORDS)
             if G1_ROW:  # one row by distance: the sum of each of the tile's diagonals
-                along = tl.gather(dl, tl.where(spread_ok, spread, 0), axis=1)
-                sums = tl.sum(tl.where(spread_ok, along, 0.0), axis=0)
-                c = j0 - i0 + t_q - BM + w
-                tl.atomic_add(e1 + c * e1c, sums, mask=(c >= 0) & (c < n_diff))
+                _row_gradient(e1, e1c, dl, j0 - i0 + t_q - BM, glo, ghi, n_diff, w, spread,
+                              spread_ok, BM + BN - 2, G_ENDS)
             else:
+                diff1 = difference(offs_m, offs_n, n_ok, t_q, qc1, KC1, low1, G1_COORDS)
                 tl.atomic_add(e1 + offs_m[:, None] * e1m + diff1 * e1c, dl, mask=inside)
         if NG >= 2:
-            diff2 = difference(offs_m, offs_n, n_ok, t_q, qc2, KC2, low2, G2_COORDS)
             if G2_ROW:
-                along = tl.gather(dl, tl.where(spread_ok, spread, 0), axis=1)
-                sums = tl.sum(tl.where(spread_ok, along, 0.0), axis=0)
-                c = j0 - i0 + t_q - BM + w
-                tl.atomic_add(e2 + c * e2c, sums, mask=(c >= 0) & (c < n_diff))
+                _row_gradient(e2, e2c, dl, j0 - i0 + t_q - BM, glo, ghi, n_diff, w, spread,
+                              spread_ok, BM + BN - 2, G_ENDS)
             else:
+                diff2 = difference(offs_m, offs_n, n_ok, t_q, qc2, KC2, low2, G2_COORDS)
                 tl.atomic_add(e2 + offs_m[:, None] * e2m + diff2 * e2c, dl, mask=inside)
     tl.store(DQ + pid_z * t_q * D + offs_m[:, None] * D + offs_d[None, :], dq,
              mask=m_ok[:, None] & d_ok[None, :])
@@ -153,11 +173,11 @@ def attention_dkdv(
     n_b, n_h, t_q, t_k, q_offset, scale,
     Mask, sma, smb, smh, smm, smn,
     G1, s1a, s1b, s1h, s1m, s1c, QC1, KC1, low1,
-    G2, s2a, s2b, s2h, s2m, s2c, QC2, KC2, low2,
+    G2, s2a, s2b, s2h, s2m, s2c, QC2, KC2, low2, glo, ghi,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-    NG: tl.constexpr, G1_COORDS: tl.constexpr, G2_COORDS: tl.constexpr,
+    NG: tl.constexpr, G1_COORDS: tl.constexpr, G2_COORDS: tl.constexpr, G_ENDS: tl.constexpr,
     DOT: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     Q_WIDE: tl.constexpr, K_WIDE: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -197,9 +217,9 @@ def attention_dkdv(
         g2 = G2 + a * s2a + b * s2b + h * s2h + offs_m[:, None] * s2m
         qc2 = tl.load(QC2 + offs_m, mask=m_ok, other=0) if G2_COORDS else offs_m
         mask_rows = Mask + a * sma + b * smb + h * smh + offs_m[:, None] * smm
-        s = _logits(q, k, scale, g1, g2, qc1, qc2, KC1, KC2, low1, low2, s1c, s2c, offs_m,
-                    offs_n, n_ok, inside, t_q, NG, G1_COORDS, G2_COORDS, Q_WIDE, K_WIDE, DOT,
-                    OPERAND, PRECISION)
+        s = _logits(q, k, scale, g1, g2, qc1, qc2, KC1, KC2, low1, low2, s1c, s2c, glo, ghi,
+                    offs_m, offs_n, m_ok, n_ok, inside, j0 - i0 + t_q - BM, t_q, BM + BN - 2,
+                    NG, G1_COORDS, G2_COORDS, G_ENDS, Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
         allowed = allowed_pairs(inside, offs_m, offs_n, q_offset, mask_rows, smn, CAUSAL,
                                 HAS_MASK)
         p = _weights(s, allowed, lse)

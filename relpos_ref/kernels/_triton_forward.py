@@ -24,7 +24,10 @@ never holding more than a tile of scores. The terms of the distance form
 - ``G1``, ``G2``: a float32 array read at ``[i, diff(i, j)]``, added after
   the scale (a bias row per difference, grid2d's ``q R^T`` pre-multiplied by
   the scale, plain attention's dense terms), where ``diff`` is the distance
-  or a difference of coordinates loaded per query and key.
+  or a difference of coordinates loaded per query and key. With ``G_ENDS``
+  (16-bit calls), a tile wholly where the terms' distance maps are constant
+  (``c <= glo`` or ``c >= ghi``: a clipped table, T5's far buckets) reads
+  one entry per query instead of one per pair.
 
 Masks (a ``uint8`` array of any broadcast), causal structure with
 ``q_offset`` (key tiles wholly in the future are skipped), rows with no
@@ -55,7 +58,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._triton_tiles import allowed_pairs, batch_of, difference, load_rows
+from ._triton_tiles import add_gathered, allowed_pairs, batch_of, load_rows
 
 
 @triton.jit
@@ -95,12 +98,12 @@ def attention_forward(
     KW, sxa, sxb, sxh, sxn, TK, stkh, stkm, RK,
     TV, stvh, stvm, RV,
     G1, s1a, s1b, s1h, s1m, s1c, QC1, KC1, low1,
-    G2, s2a, s2b, s2h, s2m, s2c, QC2, KC2, low2,
+    G2, s2a, s2b, s2h, s2m, s2c, QC2, KC2, low2, glo, ghi,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_QW: tl.constexpr, HAS_KW: tl.constexpr, HAS_VW: tl.constexpr,
-    NG: tl.constexpr, G1_COORDS: tl.constexpr, G2_COORDS: tl.constexpr,
+    NG: tl.constexpr, G1_COORDS: tl.constexpr, G2_COORDS: tl.constexpr, G_ENDS: tl.constexpr,
     DOT: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     Q_WIDE: tl.constexpr, K_WIDE: tl.constexpr, QW_WIDE: tl.constexpr, TQ_WIDE: tl.constexpr,
     TK_WIDE: tl.constexpr, INTERPRET: tl.constexpr, STORE_LSE: tl.constexpr,
@@ -205,11 +208,13 @@ def attention_forward(
         s = s * scale
         inside = m_ok[:, None] & n_ok[None, :]
         if NG >= 1:
-            diff1 = difference(offs_m, offs_n, n_ok, t_q, qc1, KC1, low1, G1_COORDS)
-            s += tl.load(g1 + diff1 * s1c, mask=inside, other=0.0)
+            s = add_gathered(s, g1, s1c, offs_m, offs_n, m_ok, n_ok, inside, t_q, qc1, KC1,
+                             low1, j0 - i0 + t_q - BM, glo, ghi, BM + BN - 2, G_ENDS,
+                             G1_COORDS)
         if NG >= 2:
-            diff2 = difference(offs_m, offs_n, n_ok, t_q, qc2, KC2, low2, G2_COORDS)
-            s += tl.load(g2 + diff2 * s2c, mask=inside, other=0.0)
+            s = add_gathered(s, g2, s2c, offs_m, offs_n, m_ok, n_ok, inside, t_q, qc2, KC2,
+                             low2, j0 - i0 + t_q - BM, glo, ghi, BM + BN - 2, G_ENDS,
+                             G2_COORDS)
         allowed = allowed_pairs(inside, offs_m, offs_n, q_offset, mask_rows, smn, CAUSAL,
                                 HAS_MASK)
         # an allowed logit that overflowed to -inf is NaN: its row is NaN, not empty

@@ -40,6 +40,12 @@ TILES = {
     (False, 8): (32, 32, 4), (True, 8): (32, 32, 4),
 }
 
+#: The operand widths (bytes) whose calls read one entry per query in a tile wholly past the
+#: ends of the gathered terms' maps (``G_ENDS``). 16-bit only: built for sm_90 (triton 3.6
+#: and 3.9), the float32 variants, at 255 registers a thread already, spill with the branch
+#: (100 to 1404 bytes), and the 16-bit ones do not.
+ENDS_ITEMSIZES = frozenset({2})
+
 _STREAM_LOCK = threading.Lock()
 
 
@@ -262,7 +268,8 @@ def run(kernel: Any, grid: tuple[int, int], args: list[Any], constants: dict[str
                 if STAGES is None and build_failure(exc):
                     _FAILED_BUILDS[key] = exc
                 raise
-            _FITTING[key] = stages
+            if STAGES is None:  # a choice forced by STAGES is not one of STAGE_CHOICES
+                _FITTING[key] = stages
             return
 
 
@@ -300,8 +307,15 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
     window_q = [t for t in form.query_terms if t.index.by_distance]
     dummy_int = xp.zeros((1,), dtype=xp.int32, device=device)
     dummy = xp.zeros((1,), dtype=xp.float32, device=device)
-    c_lo, c_hi = _constant_ends(xp, [t.index.rows for t in (*window_q, *form.key_terms,
-                                                            *form.values)], n_diff)
+    window_maps = [t.index.rows for t in (*window_q, *form.key_terms, *form.values)]
+    # the gathered terms by distance: each its own ends (one read back for every map)
+    by_distance = [index is not None and index.by_distance for _, index in gathered]
+    ends = _constant_ends(xp, [*window_maps, *(index.rows for (_, index), d
+                                                in zip(gathered, by_distance, strict=True)
+                                                if d)], n_diff)
+    window_ends, gathered_ends = ends[:len(window_maps)], ends[len(window_maps):][:2]
+    c_lo = min((lo for lo, _ in window_ends), default=-1)
+    c_hi = max((hi for _, hi in window_ends), default=n_diff)
     lse = xp.empty((n_z * t_q,), dtype=wide, device=device) if store_lse else dummy
     args: list[Any] = [qa, ka, va, out, lse, *sq[:4], *sk[:4], *sv[:4], *so[:4],
                        n_b, n_h, t_q, t_k, call.q_offset, float(call.scale), n_diff, c_lo, c_hi]
@@ -344,6 +358,14 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
         else:
             args += [qa, 0, 0, 0, 0, 0, dummy_int, dummy_int, 0]
             coords.append(False)
+    # where every gathered term is by distance, the ends they all share (the narrowest): a
+    # tile wholly past either reads one entry per query (G_ENDS)
+    glo, ghi = -1, n_diff
+    if gathered and all(by_distance[:2]):
+        glo = min(lo for lo, _ in gathered_ends)
+        ghi = max(hi for _, hi in gathered_ends)
+    g_ends = (glo > 0 or ghi < n_diff - 1) and _itemsize(form.v) in ENDS_ITEMSIZES
+    args += [glo, ghi]
     bm, bn, bw, warps = tile_sizes(form)
     dot = {"float16": tl.float16, "bfloat16": tl.bfloat16, "float32": tl.float32,
            "float64": tl.float64}[str(dtype).rsplit(".", 1)[-1]]
@@ -352,7 +374,7 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
         D=d, DV=d_v, BD=_power_of_two(d), BDV=_power_of_two(d_v), BM=bm, BN=bn, BW=bw,
         CAUSAL=bool(call.causal), HAS_MASK=form.mask is not None, HAS_QW=bool(window_q),
         HAS_KW=bool(form.key_terms), HAS_VW=bool(form.values), NG=len(gathered),
-        G1_COORDS=coords[0], G2_COORDS=coords[1], DOT=dot,
+        G1_COORDS=coords[0], G2_COORDS=coords[1], G_ENDS=g_ends, DOT=dot,
         PRECISION="ieee" if dot in (tl.float64, tl.float16, tl.bfloat16) else precision,
         SPLIT=sixteen, INTERPRET=interpret, STORE_LSE=store_lse,
         Q_WIDE=sixteen and _wide(xp, q), K_WIDE=sixteen and _wide(xp, k),
@@ -365,12 +387,14 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
                   tuple(gathered))
 
 
-def _constant_ends(xp: Any, maps: list[Any], n: int) -> tuple[int, int]:
-    """``(c_lo, c_hi)``: each map's row is its first for ``c <= c_lo``, its last for ``c >= c_hi``.
+def _constant_ends(xp: Any, maps: list[Any], n: int) -> list[tuple[int, int]]:
+    """``(lo, hi)`` of each map: its row is its first for ``c <= lo``, its last for ``c >= hi``.
 
-    Over several maps, the ends they all share (the narrowest). One read back
-    of a few integers; ``(-1, n)`` when there is no map.
+    One read back of two integers a map; ``[]`` for no map. A map whose rows
+    all differ has ``(0, n - 1)``; one row throughout, ``(n - 1, 0)``.
     """
+    if not maps:
+        return []
     ends = []
     for rows in maps:
         ones = xp.ones((n,), dtype=xp.int32, device=_xp.device(rows))
@@ -380,10 +404,7 @@ def _constant_ends(xp: Any, maps: list[Any], n: int) -> tuple[int, int]:
         # the length of the leading run: where the running count still equals the position
         ends.append(xp.stack([xp.sum(xp.astype(xp.cumulative_sum(first) == position, xp.int32)),
                               xp.sum(xp.astype(xp.cumulative_sum(last) == position, xp.int32))]))
-    if not ends:
-        return -1, n
-    runs = xp.stack(ends).tolist()
-    return min(lead for lead, _ in runs) - 1, n - min(trail for _, trail in runs)
+    return [(lead - 1, n - trail) for lead, trail in xp.stack(ends).tolist()]
 
 
 def _gathered_tail(array: Any, index: Any, t_q: int, t_k: int) -> tuple[int, int]:

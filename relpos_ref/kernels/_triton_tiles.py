@@ -56,3 +56,28 @@ def allowed_pairs(inside, offs_m, offs_n, q_offset, mask_rows, smn,
         kept = tl.load(mask_rows + offs_n[None, :] * smn, mask=inside, other=0)
         allowed = allowed & (kept != 0)
     return allowed
+
+
+@triton.jit
+def add_gathered(s, g, s_c, offs_m, offs_n, m_ok, n_ok, inside, t_q, qc, KC, low, c0, glo, ghi,
+                 SPAN: tl.constexpr, ENDS: tl.constexpr, COORDS: tl.constexpr):
+    """`s` plus a gathered term, the tile's pairs read at ``g[i, diff(i, j)]`` (`difference`).
+
+    Each pair is read (0 outside the grid), except with ``ENDS``: a term by
+    distance whose map gives every difference up to ``glo`` one entry, and
+    every one from ``ghi`` on another (a clipped table, T5's buckets past
+    their largest distance: most tiles of a long call). A tile wholly on one
+    side, its differences ``c0 .. c0 + SPAN``, reads that one entry per query.
+    """
+    if ENDS:
+        if c0 + SPAN <= glo:
+            s += tl.load(g + glo * s_c, mask=m_ok[:, None], other=0.0)
+        elif c0 >= ghi:
+            s += tl.load(g + ghi * s_c, mask=m_ok[:, None], other=0.0)
+        else:
+            diff = difference(offs_m, offs_n, n_ok, t_q, qc, KC, low, COORDS)
+            s += tl.load(g + diff * s_c, mask=inside, other=0.0)
+    else:
+        diff = difference(offs_m, offs_n, n_ok, t_q, qc, KC, low, COORDS)
+        s += tl.load(g + diff * s_c, mask=inside, other=0.0)
+    return s

@@ -100,8 +100,8 @@ def backward_arguments(form: DistanceForm, launch: Launch, d_output: Any) -> Bac
     bm, bn, warps = BACKWARD_TILES[min(8, max(2, _itemsize(form.v)))]
     values = {**named, **extra}
     shared = {n: constants[n] for n in ("D", "DV", "BD", "BDV", "CAUSAL", "HAS_MASK", "NG",
-                                        "G1_COORDS", "G2_COORDS", "DOT", "PRECISION", "SPLIT",
-                                        "Q_WIDE", "K_WIDE", "INTERPRET")}
+                                        "G1_COORDS", "G2_COORDS", "G_ENDS", "DOT", "PRECISION",
+                                        "SPLIT", "Q_WIDE", "K_WIDE", "INTERPRET")}
     tiles = {"BM": bm, "BN": bn}
     return Backward(
         ((triton_cdiv(t_q, bm), n_z),
@@ -140,7 +140,7 @@ def form_gradients(form: DistanceForm, d_output: Any, kernel: Any, *, interpret:
 
 _CONSTANT_NAMES = frozenset({
     "D", "DV", "BD", "BDV", "BM", "BN", "BW", "CAUSAL", "HAS_MASK", "NG", "G1_COORDS",
-    "G2_COORDS", "G1_ROW", "G2_ROW", "DOT", "PRECISION", "SPLIT", "Q_WIDE", "K_WIDE",
+    "G2_COORDS", "G_ENDS", "G1_ROW", "G2_ROW", "DOT", "PRECISION", "SPLIT", "Q_WIDE", "K_WIDE",
     "INTERPRET",
 })
 
