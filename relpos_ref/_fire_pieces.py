@@ -36,6 +36,7 @@ the other.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from . import _xp
@@ -149,10 +150,12 @@ def live_sums(found: Units, coefficient: Any) -> Any:
 
 
 def _segments(xp: Any, u: Any, x: Any) -> Any:
-    # #(u < x) + #(u <= x): even inside an interval, odd at a breakpoint (u sorted)
+    # #(u < x) + #(u <= x): even inside an interval, odd at a breakpoint (u sorted). One
+    # search: u <= x exactly when the float just below u is < x (u = +inf: never, x finite)
     if u.shape[0] == 0:
         return xp.zeros(x.shape, dtype=_xp.index_dtype(xp, _xp.device(x)), device=_xp.device(x))
-    return xp.searchsorted(u, x, side="left") + xp.searchsorted(u, x, side="right")
+    below = xp.nextafter(u, xp.full_like(u, -math.inf))
+    return xp.searchsorted(xp.sort(xp.concat([u, below])), x, side="left")
 
 
 def mlp_by_pieces(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
