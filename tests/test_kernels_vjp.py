@@ -35,10 +35,9 @@ from relpos_ref.kernels import _numpy_vjp, _numpy_vjp_deberta, _numpy_vjp_tiles
 from relpos_ref.kernels._numpy_vjp_tiles import band_view, skew_view, tile_products, tile_rows
 
 VJP_KERNELS = kernels.vjp_kernels("numpy")
-COVERED = ["plain", "absolute", "alibi", "bias", "cope", "deberta", "fire", "general", "grid2d",
-           "kerple",
-           "music", "rope", "sandwich",
-           "shaw", "swin", "swinv2", "t5", "transformer_xl", "xpos"]
+COVERED = ["plain", "absolute", "alibi", "bias", "cope", "deberta", "fire", "forgetting",
+           "general", "grid2d", "kerple", "music", "rope", "sandwich", "shaw", "swin", "swinv2",
+           "t5", "transformer_xl", "xpos"]
 GRIDS = ("grid2d", "swin", "swinv2")  # self-attention over a row-major grid of h x w tokens
 RTOL = {"float64": 1e-10, "float32": 2e-4}
 

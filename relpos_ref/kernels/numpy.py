@@ -45,6 +45,7 @@ from .._validate import check_bool
 from ..calls import Call, computes_in_float32
 from ..schemes import (
     deberta,
+    forgetting,
     general,
     grid2d,
     music,
@@ -55,6 +56,7 @@ from ..schemes import (
 )
 from ..schemes._tables import table_logits
 from . import (
+    _numpy_forgetting,  # the forward's bias rows; registers the forgetting bias's VJP
     _numpy_vjp_biases,  # noqa: F401  (registers KERPLE's, Sandwich's, xPos's)
     _numpy_vjp_fire,  # noqa: F401  (registers FIRE's)
     _numpy_vjp_swinv2,  # noqa: F401  (registers Swin v2's)
@@ -145,6 +147,23 @@ for _name in FORM_SCHEMES:
     _register(_name)(form_kernel(_name, _attend))
 del _name
 KERNELS["cope"] = cope_forward(KERNELS["cope"])  # one product of q and k, not two
+
+
+@_register("forgetting")  # its form's dense bias made a block of rows at a time instead
+def forgetting_attention(q, k, v, f, /, *, scale=None, mask=None, causal=None, q_offset=None,
+                         return_weights=False):
+    if not _ndarrays(q, k, v, f, mask):
+        return NotImplemented
+    call = forgetting.forgetting_call(q, k, v, f, scale=scale, mask=mask, causal=causal,
+                                      q_offset=q_offset)
+    if not bounded("forgetting", call, q, k, f=f):
+        return NotImplemented
+    big_f = forgetting.forgetting_cumsum(f)
+    # the scores take the bias's batch (heads where only f has them)
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], big_f.shape[:-1])
+    add = _numpy_forgetting.add_bias_rows(big_f, call.q_offset, q.dtype)
+    return _attend(np.broadcast_to(q, (*batch, *q.shape[-2:])), k, v, call, mask=mask,
+                   add_bias=add, return_weights=return_weights)
 
 
 @_register("swin")

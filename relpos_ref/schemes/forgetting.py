@@ -62,6 +62,7 @@ __all__ = [
     "forgetting_call",
     "forgetting_cumsum",
     "forgetting_f_gradient",
+    "forgetting_f_gradient_from_sums",
     "forgetting_tile",
     "log_sigmoid",
 ]
@@ -334,12 +335,31 @@ def forgetting_f_gradient(f: Any, d_bias: Any, q_offset: int) -> Any:
     Array([0. , 0.5], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(f, d_bias)
+    d_bias = xp.astype(d_bias, _accumulator(xp, _xp.device(f)))
+    rows, cols = xp.sum(d_bias, axis=-1), xp.sum(d_bias, axis=-2)
+    return forgetting_f_gradient_from_sums(f, rows, cols, q_offset)
+
+
+def forgetting_f_gradient_from_sums(f: Any, rows: Any, cols: Any, q_offset: int) -> Any:
+    r"""`forgetting_f_gradient` from the bias cotangent's row sums and column sums.
+
+    ``rows`` ``(..., t_q)`` and ``cols`` ``(..., t_k)`` are
+    :math:`\sum_j \bar b_{ij}` and :math:`\sum_i \bar b_{ij}`, in the
+    accumulator's dtype (float64 where the device has it): all of the bias's
+    cotangent that reaches `f`, so a kernel that never holds
+    :math:`\bar b` passes its sums here.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> rows, cols = xp.asarray([0.0, 1.0]), xp.asarray([1.0, 0.0])  # b_10's cotangent 1
+    >>> forgetting_f_gradient_from_sums(xp.asarray([0.0, 0.0]), rows, cols, 0)
+    Array([0. , 0.5], dtype=array_api_strict.float64)
+    """
+    xp = _xp.array_namespace(f, rows, cols)
     dev = _xp.device(f)
     wide = _accumulator(xp, dev)
-    n, t_q, t_k = f.shape[-1], d_bias.shape[-2], d_bias.shape[-1]
-    d_bias = xp.astype(d_bias, wide)
-    rows = xp.sum(d_bias, axis=-1)  # (..., t_q): at the query positions
-    cols = xp.sum(d_bias, axis=-2)  # (..., t_k): at the keys
+    n, t_q, t_k = f.shape[-1], rows.shape[-1], cols.shape[-1]
     lead = rows.shape[:-1]
 
     def zeros(m: int) -> Any:
