@@ -151,9 +151,12 @@ def live_sums(found: Units, coefficient: Any) -> Any:
 
 def _segments(xp: Any, u: Any, x: Any) -> Any:
     # #(u < x) + #(u <= x): even inside an interval, odd at a breakpoint (u sorted). One
-    # search: u <= x exactly when the float just below u is < x (u = +inf: never, x finite)
+    # search where the namespace has nextafter (array API 2024.12): u <= x exactly when the
+    # float just below u is < x (u = +inf: never, x finite); two searches before it
     if u.shape[0] == 0:
         return xp.zeros(x.shape, dtype=_xp.index_dtype(xp, _xp.device(x)), device=_xp.device(x))
+    if getattr(xp, "__array_api_version__", "2021.12") < "2024.12":
+        return xp.searchsorted(u, x, side="left") + xp.searchsorted(u, x, side="right")
     below = xp.nextafter(u, xp.full_like(u, -math.inf))
     return xp.searchsorted(xp.sort(xp.concat([u, below])), x, side="left")
 
