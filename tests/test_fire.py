@@ -371,6 +371,26 @@ def test_the_kernels_pass_no_gradient_through_a_unit_at_its_breakpoint():
                                    err_msg=name)
 
 
+def test_autograd_through_the_specification_passes_no_gradient_at_a_breakpoint():
+    # the same diagonal ties: torch autograd through fire_attention itself (kernels off)
+    # agrees with fire_attention_vjp, as through the reference's torch.relu (maximum's rule
+    # would pass half: db1 -0.28 against 0 for a falling unit at its breakpoint)
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    rng = np.random.default_rng(0)
+    q, k, v, d_output = (torch.from_numpy(rng.standard_normal((2, 4, 3))) for _ in range(4))
+    w1 = torch.from_numpy(np.asarray([[-1.0], [0.5], [2.0]]))
+    b1, w2 = torch.zeros(3, dtype=torch.float64), torch.from_numpy(rng.standard_normal((2, 3)))
+    with kernels.disabled():
+        want = rp.fire_attention_vjp(q, k, v, w1, b1, w2, d_output=d_output, L=3.0)
+        leaves = [x.clone().requires_grad_(True) for x in (w1, b1, w2)]
+        out = rp.fire_attention(q, k, v, *leaves, L=3.0)
+    (out * d_output).sum().backward()
+    for name, leaf in zip(("w1", "b1", "w2"), leaves, strict=True):
+        np.testing.assert_allclose(leaf.grad.numpy(), want[name].numpy(), rtol=1e-12,
+                                   atol=1e-12, err_msg=name)
+    assert float(want["b1"][0]) == 0.0  # the falling unit (pre = -x <= 0) is never live
+
+
 def test_the_lowering_s_mlp_keeps_nan_weights_and_flat_units():
     from relpos_ref._fire_pieces import mlp_by_pieces
     from relpos_ref.schemes._fire_mlp import mlp_output

@@ -39,7 +39,8 @@ Conventions:
   as ``torch.abs``'s); ``L`` only through :math:`\max(|L|, p_i)`, so only
   rows with :math:`|L| > p_i` carry it, and a tie :math:`|L| = p_i` carries
   half (``torch.maximum``'s rule, the reference's ``torch.max``); the ReLU
-  passes none at 0.
+  passes none at 0 (``torch.relu``'s rule, the reference's), under autograd
+  through `fire_attention` too.
 
 Numerics: the input is formed in float64 where the device has it (the
 positions exact up to ``2**53``), and rounded once to the call's dtype
