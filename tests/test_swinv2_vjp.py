@@ -93,6 +93,21 @@ def test_vjp_equals_torch_autograd(per_head, tau_shape, masked, penalty):
                                    err_msg=name)
 
 
+def test_autograd_passes_no_gradient_at_a_unit_s_kink():
+    # b1 = 0: at the offset (0, 0) every unit's pre-activation is exactly 0, where the VJP
+    # (pre > 0) and the reference's torch.relu pass nothing; maximum's rule passed half
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    arrays, mask, d_output = _arrays(True, (H,), False, seed=3)
+    arrays["b1"] = np.zeros_like(arrays["b1"])
+    with kernels.disabled():
+        got = _vjp(arrays, mask, None, d_output)
+        tensors = {n: torch.from_numpy(a.copy()).requires_grad_(True) for n, a in arrays.items()}
+        _forward(tensors, None, None).backward(torch.from_numpy(d_output))
+    for name, t in tensors.items():
+        np.testing.assert_allclose(got[name], t.grad.numpy(), rtol=0, atol=1e-12,
+                                   err_msg=name)
+
+
 def test_dispatched_vjp_equals_the_specification():
     # the NumPy and torch kernels (declining penalized calls) give the specification's
     torch = pytest.importorskip("torch", reason="torch is not installed")

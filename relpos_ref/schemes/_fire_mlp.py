@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _xp
+from ._activations import relu
 
 __all__ = ["HIDDEN_ENTRIES", "mlp_output", "mlp_vjp"]
 
@@ -66,10 +67,7 @@ def _mlp(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> tuple[Any, Any, Any]:
     xp = _xp.array_namespace(x)
     w1, b1, w2, b2 = _tables(w1, b1, w2, b2)
     pre = x[None, :, :, None] * w1[:, None, None, :] + b1[:, None, None, :]
-    zero = xp.zeros((), dtype=pre.dtype, device=_xp.device(pre))
-    # relu, NaN kept; under autograd it passes no gradient at pre = 0 (torch.relu's rule, the
-    # reference's, and `mlp_vjp`'s pre > 0), where maximum would pass half
-    hidden = xp.where(pre > 0, pre, xp.where(pre <= 0, zero, pre))
+    hidden = relu(pre)  # no gradient at pre = 0 under autograd, as `mlp_vjp`'s pre > 0
     if hidden.shape[0] == 1:  # the paper's shared hidden layer: one product for every head
         out = xp.permute_dims(xp.matmul(hidden[0, ...], xp.matrix_transpose(w2)), (2, 0, 1))
     else:

@@ -40,6 +40,7 @@ from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 from ..gradients import check_d_output, core_vjp, forward, sum_to_shape
 from ..layouts import _take_per_row
+from ._activations import relu
 from ._tables import gather_scalars
 from .swin import _pairs_by_entry, swin_index
 
@@ -157,7 +158,7 @@ def _mlp(w1: Any, b1: Any, w2: Any, coords: Any) -> tuple[Any, Any, Any]:
     xp = _xp.array_namespace(w1)
     heads = _check_mlp(w1, b1, w2)
     pre = xp.matmul(coords, xp.matrix_transpose(w1)) + b1[..., None, :]
-    hidden = xp.maximum(pre, xp.zeros((), dtype=pre.dtype, device=_xp.device(pre)))
+    hidden = relu(pre)  # no gradient at pre = 0 under autograd, as the VJP's pre > 0
     if hidden.ndim == 2 and w2.ndim == 2:  # one hidden layer, an output per head: one product
         z = xp.matrix_transpose(xp.matmul(hidden, xp.matrix_transpose(w2)))
     else:  # no (H, n, m) product
