@@ -18,10 +18,12 @@ scheme's terms are derived here. Two evaluators (`attend`):
   binned by run, no ``(t_q, t_k)`` array.
 
 CoPE skips the lowering (``DIRECT``, `relpos_ref.kernels._torch_cope`): one
-product of ``q`` and ``k`` serves its gates and its logits.
+product of ``q`` and ``k`` serves its gates and its logits; so does the
+forgetting bias (`relpos_ref.kernels._torch_forgetting`: its bias rounded
+once into the call's dtype, no float64 ``(h, t_q, t_k)`` arrays).
 
-``VJP_KERNELS`` compute each ``*_attention_vjp`` (CoPE's by its own backward
-pass, ``DIRECT_VJP``) by the block engine's
+``VJP_KERNELS`` compute each ``*_attention_vjp`` (CoPE's and the forgetting
+bias's by their own, ``DIRECT_VJP``) by the block engine's
 backward pass (`relpos_ref.kernels._torch_form_vjp`) for the form's arrays,
 carried back through the lowering to the call's arguments by
 `torch.autograd.grad` (plain attention's dense terms: autograd through the
@@ -85,6 +87,7 @@ from ._blocked_rows import (
 )
 from ._overflow import limit, logit_bound
 from ._torch_cope import cope_fused, cope_vjp_fused
+from ._torch_forgetting import forgetting_fused, forgetting_vjp_fused
 from ._torch_form import fits, form_attention
 from ._torch_form_vjp import form_vjp
 from ._torch_sdpa import by_sdpa, sdpa_form, sdpa_terms
@@ -104,11 +107,12 @@ BLOCKED_KERNELS: dict[str, Callable[..., Any]] = {}
 
 #: Scheme name -> its evaluation without the lowering, for calls no gradient is taken of:
 #: ``(q, k, v, tables, call, mask) -> out`` (CoPE: one product of q and k, not two).
-DIRECT: dict[str, Callable[..., Any]] = {"cope": cope_fused}
+DIRECT: dict[str, Callable[..., Any]] = {"cope": cope_fused, "forgetting": forgetting_fused}
 
 #: Scheme name -> its VJP without the lowering's autograd:
 #: ``(q, k, v, tables, call, mask, d_output) -> gradients by name``.
-DIRECT_VJP: dict[str, Callable[..., Any]] = {"cope": cope_vjp_fused}
+DIRECT_VJP: dict[str, Callable[..., Any]] = {"cope": cope_vjp_fused,
+                                              "forgetting": forgetting_vjp_fused}
 
 # Set by the VJP kernels around their own forward call: first-order gradients only, so
 # SDPA's fused kernels may run although the inputs require gradients.

@@ -1,0 +1,107 @@
+r"""The forgetting bias (FoX) on torch without the lowering's float64 bias.
+
+The lowering hands the specification's dense bias on, made as the
+specification makes it: :math:`F_{p_i} - F_j` in float64, a ``where`` for the
+causal region, then rounded; three float64 ``(h, t_q, t_k)`` arrays (64 MiB
+each at 8 heads and t = 1024), which the allocator maps afresh on each call.
+`forgetting_bias_rounded` makes the same values on the causal region with one
+subtraction of the float64 cumulative sums into an array of the call's dtype
+(rounded once, as the specification rounds); the other entries, which the
+causal mask drops, are :math:`F_{p_i} - F_j` too. Then SDPA with that bias
+(`relpos_ref.kernels._torch_sdpa.sdpa_terms`), and for the VJP torch's
+autograd through that one call: the bias reaches ``f`` only through its
+cotangent's row sums and column sums
+(`relpos_ref.schemes.forgetting.forgetting_f_gradient_from_sums`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import _xp
+from ..calls import Call
+from ..schemes import forgetting
+from ._torch_sdpa import Terms, sdpa_terms
+
+__all__ = ["forgetting_bias_rounded", "forgetting_fused", "forgetting_vjp_fused"]
+
+
+def forgetting_bias_rounded(f: Any, call: Call, dtype: Any) -> Any:
+    """The bias ``(..., h, t_q, t_k)`` of a validated call, in `dtype`, rounded once.
+
+    Equal to `relpos_ref.schemes.forgetting.forgetting_bias` where ``j <= p_i``.
+
+    Examples
+    --------
+    >>> import math
+    >>> import torch
+    >>> from relpos_ref.calls import resolve_call
+    >>> x = torch.zeros(3, 2, dtype=torch.float64)
+    >>> call = resolve_call(x, x, x, scale=None, mask=None, causal=True, q_offset=0)
+    >>> got = forgetting_bias_rounded(torch.zeros(3), call, torch.float64)  # gates 1/2
+    >>> (got / math.log(0.5)).round().abs()  # log 2 a step; above the diagonal: masked
+    tensor([[0., 1., 2.],
+            [1., 0., 1.],
+            [2., 1., 0.]], dtype=torch.float64)
+    """
+    big_f = forgetting.forgetting_cumsum(f)
+    n = big_f.shape[-1]
+    at_query = (torch.arange(call.t_q, device=f.device) + call.q_offset).clamp_(0, n - 1)
+    out = torch.empty((*big_f.shape[:-1], call.t_q, call.t_k), dtype=dtype, device=f.device)
+    torch.sub(big_f[..., at_query, None], big_f[..., None, :call.t_k], out=out)
+    return out
+
+
+def forgetting_fused(q: Any, k: Any, v: Any, tables: dict[str, Any], call: Call,
+                     mask: Any) -> Any:
+    """`relpos_ref.forgetting_attention` of a validated, finite, bounded call, no gradient.
+
+    `tables` is ``{"f": f}``; ``t_q, t_k, d >= 1``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import relpos_ref as rp
+    >>> from relpos_ref.schemes.forgetting import forgetting_call
+    >>> q, k, v = torch.randn(3, 2, 5, 4, dtype=torch.float64).unbind(0)
+    >>> f = torch.randn(2, 5, dtype=torch.float64)
+    >>> call = forgetting_call(q, k, v, f, scale=None, mask=None, causal=None, q_offset=None)
+    >>> with rp.kernels.disabled():
+    ...     want = rp.forgetting_attention(q, k, v, f)
+    >>> bool(torch.allclose(forgetting_fused(q, k, v, {"f": f}, call, None), want))
+    True
+    """
+    bias = forgetting_bias_rounded(tables["f"], call, q.dtype)
+    return sdpa_terms(q, k, v, call, terms=Terms(bias=bias), mask=mask)
+
+
+def forgetting_vjp_fused(q: Any, k: Any, v: Any, tables: dict[str, Any], call: Call,
+                         mask: Any, d_output: Any) -> dict[str, Any]:
+    """`relpos_ref.forgetting_attention_vjp` of a validated, finite, bounded call.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import relpos_ref as rp
+    >>> from relpos_ref.schemes.forgetting import forgetting_call
+    >>> q, k, v, d_output = torch.randn(4, 2, 5, 4, dtype=torch.float64).unbind(0)
+    >>> f = torch.randn(2, 5, dtype=torch.float64)
+    >>> call = forgetting_call(q, k, v, f, scale=None, mask=None, causal=None, q_offset=None)
+    >>> got = forgetting_vjp_fused(q, k, v, {"f": f}, call, None, d_output)
+    >>> with rp.kernels.disabled():
+    ...     want = rp.forgetting_attention_vjp(q, k, v, f, d_output=d_output)
+    >>> all(torch.allclose(got[n], want[n]) for n in want)
+    True
+    """
+    f = tables["f"]
+    leaves = [x.detach().requires_grad_(True)
+              for x in (q, k, v, forgetting_bias_rounded(f, call, q.dtype))]
+    with torch.enable_grad():
+        out = sdpa_terms(*leaves[:3], call, terms=Terms(bias=leaves[3]), mask=mask)
+        dq, dk, dv, d_bias = torch.autograd.grad(out, leaves, d_output.expand(out.shape))
+    wide = forgetting._accumulator(_xp.array_namespace(f), f.device)  # float64 where it can
+    rows, cols = d_bias.sum(dim=-1, dtype=wide), d_bias.sum(dim=-2, dtype=wide)
+    d_f = forgetting.forgetting_f_gradient_from_sums(f, rows, cols, call.q_offset)
+    return {"q": dq, "k": dk, "v": dv, "f": d_f}
