@@ -308,8 +308,10 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
     dummy_int = xp.zeros((1,), dtype=xp.int32, device=device)
     dummy = xp.zeros((1,), dtype=xp.float32, device=device)
     window_maps = [t.index.rows for t in (*window_q, *form.key_terms, *form.values)]
-    # the gathered terms by distance: each its own ends (one read back for every map)
-    by_distance = [index is not None and index.by_distance for _, index in gathered]
+    # the gathered terms by distance: each its own ends (one read back for every map), read
+    # only for the widths that use them (`ENDS_ITEMSIZES`)
+    by_distance = [index is not None and index.by_distance
+                   and _itemsize(form.v) in ENDS_ITEMSIZES for _, index in gathered]
     ends = _constant_ends(xp, [*window_maps, *(index.rows for (_, index), d
                                                 in zip(gathered, by_distance, strict=True)
                                                 if d)], n_diff)
@@ -364,7 +366,7 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
     if gathered and all(by_distance[:2]):
         glo = min(lo for lo, _ in gathered_ends)
         ghi = max(hi for _, hi in gathered_ends)
-    g_ends = (glo > 0 or ghi < n_diff - 1) and _itemsize(form.v) in ENDS_ITEMSIZES
+    g_ends = glo > 0 or ghi < n_diff - 1
     args += [glo, ghi]
     bm, bn, bw, warps = tile_sizes(form)
     dot = {"float16": tl.float16, "bfloat16": tl.bfloat16, "float32": tl.float32,
