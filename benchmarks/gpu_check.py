@@ -270,6 +270,16 @@ def _has_cupy() -> bool:
         return False
 
 
+def _timed_row(row: dict[str, Any], call: Callable[[], Any], repeat: int) -> dict[str, Any]:
+    # the row with the call's median time on torch, or the error that stopped it; printed
+    try:
+        row["seconds"] = _timed("torch", call, repeat)
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+    print(row, flush=True)
+    return row
+
+
 def tiles(args) -> list[dict[str, Any]]:
     from unittest import mock
 
@@ -300,12 +310,7 @@ def tiles(args) -> list[dict[str, Any]]:
                        "stages": stages, "precision": kt.PRECISION}
                 with mock.patch.dict(_triton_launch.TILES, tile), \
                         mock.patch.object(_triton_launch, "STAGES", stages):
-                    try:
-                        row["seconds"] = _timed("torch", calls[scheme], args.repeat)
-                    except Exception as exc:
-                        row["error"] = f"{type(exc).__name__}: {exc}"[:200]
-                found.append(row)
-                print(row, flush=True)
+                    found.append(_timed_row(row, calls[scheme], args.repeat))
         # tiles wholly past a bias's ends read one entry per query (`ENDS_ITEMSIZES`, 16-bit
         # by default): each call with that path on for every width, and off
         for scheme in ("bias", "t5", "bias vjp"):
@@ -313,12 +318,7 @@ def tiles(args) -> list[dict[str, Any]]:
                 row = {"dtype": dtype, "scheme": scheme, "ends_itemsizes": sorted(ends),
                        "precision": kt.PRECISION}
                 with mock.patch.object(_triton_launch, "ENDS_ITEMSIZES", ends):
-                    try:
-                        row["seconds"] = _timed("torch", calls[scheme], args.repeat)
-                    except Exception as exc:
-                        row["error"] = f"{type(exc).__name__}: {exc}"[:200]
-                found.append(row)
-                print(row, flush=True)
+                    found.append(_timed_row(row, calls[scheme], args.repeat))
         del calls
     return found
 

@@ -23,28 +23,29 @@ torch = pytest.importorskip("torch")
 torch_kernels = pytest.importorskip("relpos_ref.kernels.torch")
 
 
-def _counted(monkeypatch, table):
+def counted(monkeypatch, table, scheme="cope"):
+    """The calls `table`'s entry for `scheme` receives from now on (`DIRECT`, `DIRECT_VJP`)."""
     seen = []
-    inner = table["cope"]
+    inner = table[scheme]
 
     def counting(*args):
         seen.append(args)
         return inner(*args)
 
-    monkeypatch.setitem(table, "cope", counting)
+    monkeypatch.setitem(table, scheme, counting)
     return seen
 
 
 @pytest.fixture
 def direct_calls(monkeypatch):
     """The calls the direct evaluation received, counted."""
-    return _counted(monkeypatch, torch_kernels.DIRECT)
+    return counted(monkeypatch, torch_kernels.DIRECT)
 
 
 @pytest.fixture
 def direct_vjps(monkeypatch):
     """The calls the direct VJP received, counted."""
-    return _counted(monkeypatch, torch_kernels.DIRECT_VJP)
+    return counted(monkeypatch, torch_kernels.DIRECT_VJP)
 
 
 def _spec(*args, **kwargs):

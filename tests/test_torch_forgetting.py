@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_kernels import TOL
+from test_torch_cope import counted
 
 import relpos_ref as rp
 from relpos_ref import kernels
@@ -22,26 +23,14 @@ torch = pytest.importorskip("torch")
 torch_kernels = pytest.importorskip("relpos_ref.kernels.torch")
 
 
-def _counted(monkeypatch, table):
-    seen = []
-    inner = table["forgetting"]
-
-    def counting(*args):
-        seen.append(args)
-        return inner(*args)
-
-    monkeypatch.setitem(table, "forgetting", counting)
-    return seen
-
-
 @pytest.fixture
 def direct_calls(monkeypatch):
-    return _counted(monkeypatch, torch_kernels.DIRECT)
+    return counted(monkeypatch, torch_kernels.DIRECT, "forgetting")
 
 
 @pytest.fixture
 def direct_vjps(monkeypatch):
-    return _counted(monkeypatch, torch_kernels.DIRECT_VJP)
+    return counted(monkeypatch, torch_kernels.DIRECT_VJP, "forgetting")
 
 
 @st.composite

@@ -310,10 +310,10 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
     window_maps = [t.index.rows for t in (*window_q, *form.key_terms, *form.values)]
     # the gathered terms by distance: each its own ends (one read back for every map), read
     # only for the widths that use them (`ENDS_ITEMSIZES`)
-    by_distance = [index is not None and index.by_distance
-                   and _itemsize(form.v) in ENDS_ITEMSIZES for _, index in gathered]
+    reads_ends = [index is not None and index.by_distance
+                  and _itemsize(form.v) in ENDS_ITEMSIZES for _, index in gathered]
     ends = _constant_ends(xp, [*window_maps, *(index.rows for (_, index), d
-                                                in zip(gathered, by_distance, strict=True)
+                                                in zip(gathered, reads_ends, strict=True)
                                                 if d)], n_diff)
     window_ends, gathered_ends = ends[:len(window_maps)], ends[len(window_maps):][:2]
     c_lo = min((lo for lo, _ in window_ends), default=-1)
@@ -363,7 +363,7 @@ def forward_arguments(form: DistanceForm, *, interpret: bool = False,
     # where every gathered term is by distance, the ends they all share (the narrowest): a
     # tile wholly past either reads one entry per query (G_ENDS)
     glo, ghi = -1, n_diff
-    if gathered and all(by_distance[:2]):
+    if gathered and all(reads_ends[:2]):
         glo = min(lo for lo, _ in gathered_ends)
         ghi = max(hi for _, hi in gathered_ends)
     g_ends = glo > 0 or ghi < n_diff - 1
