@@ -42,7 +42,8 @@ from typing import Any, NamedTuple
 from . import _xp
 from .schemes._fire_mlp import _tables, mlp_output
 
-__all__ = ["Units", "live_sums", "mlp_by_pieces", "segment_coefficients", "units"]
+__all__ = ["Units", "live_sums", "mlp_by_pieces", "pieces", "segment_coefficients", "segments",
+           "units"]
 
 
 def _prefix(xp: Any, x: Any) -> Any:
@@ -91,7 +92,7 @@ def units(w1: Any, b1: Any, w2: Any) -> Units:
     # every unit's breakpoint, repeats kept (no shape read from values); a unit of slope 0
     # at +inf, which no finite x reaches
     u = xp.sort(xp.reshape(xp.where(moving, z, zero + float("inf")), (-1,)))
-    own = xp.reshape(_segments(xp, u, xp.where(moving, z, zero)), (-1,))
+    own = xp.reshape(segments(xp, u, xp.where(moving, z, zero)), (-1,))
     # coefficients (H, n) of unit (g, i) for head h: w2[h, i] times w1[g, i] (or b1[g, i]),
     # where g = h for one MLP per head
     linked = xp.eye(heads, dtype=w1.dtype, device=dev)[:, :, None] if hidden > 1 else zero + 1.0
@@ -149,9 +150,18 @@ def live_sums(found: Units, coefficient: Any) -> Any:
     return live + xp.sum(xp.where(found.flat, coefficient, zero), axis=1)[:, None]
 
 
-def _segments(xp: Any, u: Any, x: Any) -> Any:
-    # #(u < x) + #(u <= x): even inside an interval, odd at a breakpoint (u sorted). One
-    # search where the namespace has nextafter (array API 2024.12): u <= x exactly when the
+def segments(xp: Any, u: Any, x: Any) -> Any:
+    """The segment ``#(u < x) + #(u <= x)`` of each input `x` among the sorted breakpoints `u`.
+
+    Even inside an interval, odd at a breakpoint; of `xp`'s index dtype.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> segments(xp, xp.asarray([0.0, 1.0]), xp.asarray([-1.0, 0.0, 0.5, 1.0, 2.0]))
+    Array([0, 1, 2, 3, 4], dtype=array_api_strict.int64)
+    """
+    # one search where the namespace has nextafter (array API 2024.12): u <= x exactly when the
     # float just below u is < x (u = +inf: never, x finite); two searches before it
     if u.shape[0] == 0:
         return xp.zeros(x.shape, dtype=_xp.index_dtype(xp, _xp.device(x)), device=_xp.device(x))
@@ -159,6 +169,33 @@ def _segments(xp: Any, u: Any, x: Any) -> Any:
         return xp.searchsorted(u, x, side="left") + xp.searchsorted(u, x, side="right")
     below = xp.nextafter(u, xp.full_like(u, -math.inf))
     return xp.searchsorted(xp.sort(xp.concat([u, below])), x, side="left")
+
+
+def pieces(w1: Any, b1: Any, w2: Any, b2: Any) -> tuple[Any, Any]:
+    """The sorted breakpoints ``u`` ``(n,)`` and one column per segment ``(2H, 2n + 1)``.
+
+    Of the specification's tables (`relpos_ref.schemes.fire`: any of their
+    shapes, finite; `b2` may be ``None``): every head's ``A``, then every
+    head's ``B`` (`segment_coefficients`), so that a pair in segment ``s``
+    reads one column, ``A[h, s] x + B[h, s]``. ``H`` is 1 where no table has a
+    head axis.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> u, ab = pieces(xp.ones((1, 1)), xp.asarray([-0.5]), xp.ones((1, 1)), None)
+    >>> u, ab  # relu(x - 1/2): A and B below 1/2, at it and above it
+    (Array([0.5], dtype=array_api_strict.float64), Array([[ 0. ,  0. ,  1. ],
+           [ 0. ,  0. , -0.5]], dtype=array_api_strict.float64))
+    """
+    xp = _xp.array_namespace(w1, b1, w2)
+    tw1, tb1, tw2, tb2 = _tables(w1, b1, w2, b2)
+    heads = max(tw1.shape[0], tb1.shape[0], tw2.shape[0], tb2.shape[0])
+    hidden, m = max(tw1.shape[0], tb1.shape[0]), tw1.shape[-1]
+    tw1, tb1 = (xp.broadcast_to(t, (hidden, m)) for t in (tw1, tb1))
+    u, a, b = segment_coefficients(tw1, tb1, xp.broadcast_to(tw2, (heads, m)),
+                                   xp.broadcast_to(tb2, (heads,)))
+    return u, xp.concat([a, b], axis=0)
 
 
 def mlp_by_pieces(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
@@ -181,14 +218,10 @@ def mlp_by_pieces(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
     tables = [t for t in (w1, b1, w2, b2) if t is not None]
     if not all(bool(xp.all(xp.isfinite(t))) for t in (*tables, x)):
         return mlp_output(x, w1, b1, w2, b2)  # A x + B would make an infinite x's 0 slope NaN
-    tw1, tb1, tw2, tb2 = _tables(w1, b1, w2, b2)
-    heads = max(tw1.shape[0], tb1.shape[0], tw2.shape[0], tb2.shape[0])
-    hidden, m = max(tw1.shape[0], tb1.shape[0]), tw1.shape[-1]
-    tw1, tb1 = (xp.broadcast_to(t, (hidden, m)) for t in (tw1, tb1))
-    u, a, b = segment_coefficients(tw1, tb1, xp.broadcast_to(tw2, (heads, m)),
-                                   xp.broadcast_to(tb2, (heads,)))
+    u, columns = pieces(w1, b1, w2, b2)
+    heads = columns.shape[0] // 2
     flat = xp.reshape(x, (-1,))
     # one column of the (2H, 2n + 1) table per pair: every head's A, then every head's B
-    found = xp.take(xp.concat([a, b], axis=0), _segments(xp, u, flat), axis=1)
+    found = xp.take(columns, segments(xp, u, flat), axis=1)
     out = found[:heads, :] * flat + found[heads:, :]
     return xp.reshape(out, (heads, *x.shape))

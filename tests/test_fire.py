@@ -332,10 +332,10 @@ def test_the_lowering_s_piecewise_mlp_equals_the_unit_sums(data):
 
 
 @given(data=st.data())
-def test_the_numpy_kernel_s_mlp_vjp_by_pieces_equals_the_unit_sums(data):
+def test_the_kernels_mlp_vjp_by_pieces_equals_the_unit_sums(data):
     # at a breakpoint a unit passes no gradient, as the specification's relu(pre > 0)
     from relpos_ref.gradients import sum_to_shape
-    from relpos_ref.kernels._numpy_vjp_fire import mlp_vjp_by_pieces
+    from relpos_ref.kernels._fire_vjp import mlp_vjp_by_pieces
     from relpos_ref.schemes._fire_mlp import _tables, mlp_vjp
 
     x, w1, b1, w2, _ = _small_mlp(data)

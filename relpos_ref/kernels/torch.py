@@ -87,6 +87,7 @@ from ._blocked_rows import (
 )
 from ._overflow import limit, logit_bound
 from ._torch_cope import cope_fused, cope_vjp_fused
+from ._torch_fire import fire_fused, fire_vjp_fused
 from ._torch_forgetting import forgetting_fused, forgetting_vjp_fused
 from ._torch_form import fits, form_attention
 from ._torch_form_vjp import form_vjp
@@ -106,12 +107,15 @@ VJP_KERNELS: dict[str, Callable[..., Any]] = {}
 BLOCKED_KERNELS: dict[str, Callable[..., Any]] = {}
 
 #: Scheme name -> its evaluation without the lowering, for calls no gradient is taken of:
-#: ``(q, k, v, tables, call, mask) -> out`` (CoPE: one product of q and k, not two).
-DIRECT: dict[str, Callable[..., Any]] = {"cope": cope_fused, "forgetting": forgetting_fused}
+#: ``(q, k, v, named, call, mask) -> out`` (CoPE: one product of q and k, not two), ``named``
+#: the tables and the options given; ``NotImplemented``: the lowering evaluates the call.
+DIRECT: dict[str, Callable[..., Any]] = {"cope": cope_fused, "fire": fire_fused,
+                                         "forgetting": forgetting_fused}
 
 #: Scheme name -> its VJP without the lowering's autograd:
-#: ``(q, k, v, tables, call, mask, d_output) -> gradients by name``.
-DIRECT_VJP: dict[str, Callable[..., Any]] = {"cope": cope_vjp_fused,
+#: ``(q, k, v, named, call, mask, d_output) -> gradients by name``; ``NotImplemented``: the
+#: specification's.
+DIRECT_VJP: dict[str, Callable[..., Any]] = {"cope": cope_vjp_fused, "fire": fire_vjp_fused,
                                               "forgetting": forgetting_vjp_fused}
 
 # Set by the VJP kernels around their own forward call: first-order gradients only, so
@@ -293,7 +297,9 @@ def _kernel(name: str) -> Callable[..., Any]:
             return NotImplemented
         fused = _FIRST_ORDER.get() or not _differentiated(arguments.floating)
         if name in DIRECT and fused and not _FIRST_ORDER.get():
-            return DIRECT[name](q, k, v, named, call, mask)
+            out = DIRECT[name](q, k, v, {**named, **options}, call, mask)
+            if out is not NotImplemented:
+                return out
         form = lowered(entry, q, k, v, named, call, options, mask=mask, terms=arguments.terms)
         if _FIRST_ORDER.get() and not by_sdpa(form):
             fused = False  # autograd runs through it: not the block engine's in-place steps
@@ -334,8 +340,9 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
                 or not _rotated_bounded(entry, call, options, given["q"], given["k"])):
             return NotImplemented
         if name in DIRECT_VJP:
-            return DIRECT_VJP[name](given["q"], given["k"], given["v"], arguments.tables, call,
-                                    given.get("mask"), d_output)
+            return DIRECT_VJP[name](given["q"], given["k"], given["v"],
+                                    {**arguments.tables, **options}, call, given.get("mask"),
+                                    d_output)
         # every floating argument, and array options completed by the checks (ALiBi's
         # slopes when not given: the specification returns their gradient too); integer
         # ones (RoPE's positions) are no leaves

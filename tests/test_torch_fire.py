@@ -1,0 +1,182 @@
+"""FIRE's direct torch evaluation (`relpos_ref.kernels._torch_fire`).
+
+A call no gradient is taken of makes FIRE's bias row by row (the rows
+normalised by ``psi(|L|)`` read from one row of distances, the others a block
+at a time, the causal mask a segment of its own), in reverse row order, and
+runs SDPA on the queries reversed; the VJP kernel runs torch's autograd
+through one SDPA call with that bias and carries its cotangent back through
+the MLP by pieces. Each is compared with the specification on torch under
+`relpos_ref.kernels.disabled`, and the tests check which path ran.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_kernels import TOL
+from test_torch_cope import counted
+
+import relpos_ref as rp
+from relpos_ref import kernels
+
+torch = pytest.importorskip("torch")
+torch_kernels = pytest.importorskip("relpos_ref.kernels.torch")
+torch_fire = pytest.importorskip("relpos_ref.kernels._torch_fire")
+
+
+@pytest.fixture
+def direct_calls(monkeypatch):
+    return counted(monkeypatch, torch_kernels.DIRECT, "fire")
+
+
+@pytest.fixture
+def direct_vjps(monkeypatch):
+    return counted(monkeypatch, torch_kernels.DIRECT_VJP, "fire")
+
+
+@pytest.fixture(autouse=True)
+def few_rows(monkeypatch):
+    # blocks of 2 rows: a call of a few queries runs several blocks, a partial one last
+    monkeypatch.setattr(torch_fire, "ROWS", 2)
+
+
+@st.composite
+def fire_calls(draw):
+    """Batches that broadcast, one MLP for every head or one per head, an output bias, a
+    threshold L that puts the rows normalised by psi(|L|) anywhere (none, some, all),
+    offsets before position 0, causal or not, masks with empty rows, any scale."""
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    heads = draw(st.integers(1, 3))
+    t_q, t_k, d, d_v, m = (draw(st.integers(1, n)) for n in (7, 7, 4, 3, 4))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+
+    def tensor(*shape, scale=1.0):
+        return torch.from_numpy(scale * rng.standard_normal(shape)).to(dtype)
+
+    q = tensor(*draw(st.sampled_from([(heads,), (2, heads)])), t_q, d)
+    k = tensor(*draw(st.sampled_from([(heads,), (1, heads)])), t_k, d)
+    v = tensor(*draw(st.sampled_from([(heads,), (1,)])), t_k, d_v)
+    per_head = draw(st.booleans())
+    w1 = tensor(*((heads,) if per_head else ()), m, 1, scale=4.0)
+    b1 = tensor(*((heads,) if per_head else ()), m)
+    w2 = tensor(heads, m) if per_head or draw(st.booleans()) else tensor(m)
+    kwargs = {"q_offset": draw(st.integers(-3, 4)), "causal": draw(st.booleans()),
+              "scale": draw(st.sampled_from([None, 0.7, -0.4, 0.0])),
+              "L": draw(st.sampled_from([0.5, 2.0, 3.0, -4.0, 100.0, torch.tensor(2.5)])),
+              "c": draw(st.sampled_from([0.1, 1.0, -0.5, torch.tensor(0.3)]))}
+    for name in ("L", "c"):
+        if isinstance(kwargs[name], torch.Tensor):
+            kwargs[name] = kwargs[name].to(dtype)
+    if draw(st.booleans()):
+        kwargs["b2"] = tensor(heads) if w2.ndim == 2 else tensor(1)
+    if draw(st.booleans()):
+        shape = draw(st.sampled_from([(t_q, t_k), (t_q, 1), (heads, t_q, t_k)]))
+        kwargs["mask"] = torch.from_numpy(rng.random(shape) < 0.6)
+    return (q, k, v, w1, b1, w2), kwargs
+
+
+@given(call=fire_calls())
+def test_the_direct_evaluation_equals_the_specification(call, direct_calls):
+    args, kwargs = call
+    direct_calls.clear()
+    out = rp.fire_attention(*args, **kwargs)
+    with kernels.disabled():
+        want = rp.fire_attention(*args, **kwargs)
+    assert len(direct_calls) == 1, "the call did not reach the direct evaluation"
+    assert out.dtype == want.dtype and out.shape == want.shape
+    np.testing.assert_allclose(out.numpy(), want.numpy(), **TOL[str(want.dtype)[6:]])
+
+
+@given(call=fire_calls())
+def test_the_reversed_bias_equals_the_specification_s(call):
+    # the bias itself, masked (a causal call at q_offset >= 0) or not, every block size
+    (q, _k, _v, w1, b1, w2), kwargs = call
+    t_q, t_k = q.shape[-2], _k.shape[-2]
+    q_offset = max(kwargs["q_offset"], 0)
+    named = {"w1": w1, "b1": b1, "w2": w2, "c": kwargs["c"], "L": kwargs["L"]}
+    if "b2" in kwargs:
+        named["b2"] = kwargs["b2"]
+    fake = torch.zeros(t_q, 1, dtype=q.dtype)
+    keys = torch.zeros(t_k, 1, dtype=q.dtype)
+    from relpos_ref.calls import resolve_call
+
+    call_ = resolve_call(fake, keys, keys, scale=None, mask=None, causal=True, q_offset=q_offset)
+    got = torch_fire.fire_bias_reversed(named, call_, masked=True)
+    want = rp.fire_bias(w1, b1, w2, t_q, t_k, b2=kwargs.get("b2"), c=kwargs["c"],
+                        L=kwargs["L"], q_offset=q_offset)
+    want = want if want.ndim == 3 else want[None]
+    future = torch.arange(t_k)[None, :] > torch.arange(t_q)[:, None] + q_offset
+    want = want.masked_fill(future, -torch.inf)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(torch.isinf(got.flip(-2)), torch.isinf(want))
+    np.testing.assert_allclose(got.flip(-2).numpy(), want.numpy(), **TOL[str(q.dtype)[6:]])
+
+
+@given(call=fire_calls(), seed=st.integers(0, 2**16))
+def test_the_direct_vjp_equals_the_specifications(call, seed, direct_vjps):
+    args, kwargs = call
+    with kernels.disabled():
+        out = rp.fire_attention(*args, **kwargs)
+    rng = np.random.default_rng(seed)
+    kwargs["d_output"] = torch.from_numpy(rng.standard_normal(out.shape)).to(out.dtype)
+    direct_vjps.clear()
+    got = rp.fire_attention_vjp(*args, **kwargs)
+    with kernels.disabled():
+        want = rp.fire_attention_vjp(*args, **kwargs)
+    assert len(direct_vjps) == 1, "the call did not reach the direct VJP"
+    assert sorted(got) == sorted(want)
+    tol = TOL[str(out.dtype)[6:]]
+    for name, grad in want.items():
+        assert got[name].dtype == grad.dtype and got[name].shape == grad.shape, name
+        scale = max(1.0, float(grad.abs().max()))  # gradients summed over many pairs
+        np.testing.assert_allclose(got[name].numpy(), grad.numpy(), rtol=tol["rtol"],
+                                   atol=tol["atol"] * scale, err_msg=name)
+
+
+def test_a_long_call_reads_the_shared_rows_and_blocks_of_the_others(monkeypatch, direct_calls):
+    # 40 queries, L = 16: 17 rows by distance, 23 in blocks of the module's size
+    monkeypatch.setattr(torch_fire, "ROWS", 64)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(3, 2, 40, 8, generator=g).unbind(0)
+    w1, b1, w2 = torch.randn(6, 1, generator=g), torch.randn(6, generator=g), torch.randn(2, 6)
+    out = rp.fire_attention(q, k, v, w1, b1, w2, L=16.0)
+    with kernels.disabled():
+        want = rp.fire_attention(q, k, v, w1, b1, w2, L=16.0)
+    assert len(direct_calls) == 1
+    np.testing.assert_allclose(out.numpy(), want.numpy(), **TOL["float32"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_calls_run_in_float32_and_return_their_dtype(dtype, direct_calls):
+    q, k, v = torch.randn(3, 2, 6, 4).unbind(0)
+    w1, b1, w2 = torch.randn(3, 1), torch.randn(3), torch.randn(2, 3)
+    args = [x.to(dtype) for x in (q, k, v, w1, b1, w2)]
+    out = rp.fire_attention(*args, L=2.0)
+    assert len(direct_calls) == 1 and direct_calls[0][0].dtype == torch.float32
+    with kernels.disabled():
+        want = rp.fire_attention(*(x.float() for x in args), L=2.0)
+    assert out.dtype == dtype
+    np.testing.assert_allclose(out.float().numpy(), want.to(dtype).float().numpy(),
+                               rtol=0, atol=float(torch.finfo(dtype).eps) * 4)
+
+
+def test_a_normaliser_of_0_goes_through_the_lowering(direct_calls):
+    # L = eps = 0: query 0 (position 0) divides by log(1) = 0, the specification's NaN and
+    # infinite inputs; the direct path hands the call on
+    q, k, v = (torch.randn(2, 4, 3, dtype=torch.float64) for _ in range(3))
+    w1, b1, w2 = (torch.randn(s, dtype=torch.float64) for s in ((3, 1), (3,), (2, 3)))
+    out = rp.fire_attention(q, k, v, w1, b1, w2, L=0.0, eps=0.0)
+    with kernels.disabled():
+        want = rp.fire_attention(q, k, v, w1, b1, w2, L=0.0, eps=0.0)
+    assert len(direct_calls) == 1
+    np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_a_differentiated_call_goes_through_the_lowering(direct_calls):
+    q, k, v = (torch.randn(2, 5, 4, dtype=torch.float64) for _ in range(3))
+    w1 = torch.randn(3, 1, dtype=torch.float64, requires_grad=True)
+    b1, w2 = torch.randn(3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
+    rp.fire_attention(q, k, v, w1, b1, w2).sum().backward()
+    assert not direct_calls and w1.grad is not None and torch.isfinite(w1.grad).all()
