@@ -89,6 +89,36 @@ def test_the_direct_evaluation_equals_the_specification(call, direct_calls):
     np.testing.assert_allclose(out.numpy(), want.numpy(), **TOL[str(want.dtype)[6:]])
 
 
+@given(call=cope_calls(), rows=st.integers(1, 3))
+def test_a_causal_call_by_blocks_of_queries_equals_the_specification(call, rows, direct_calls):
+    # causal, no mask, q_offset >= 0: blocks of `rows` queries against their keys only
+    args, kwargs = call
+    kwargs.pop("mask", None)
+    kwargs.update(causal=True, q_offset=abs(kwargs["q_offset"]))
+    module = torch_kernels.cope_fused.__globals__
+    saved, module["ROWS"] = module["ROWS"], rows
+    try:
+        direct_calls.clear()
+        out = rp.cope_attention(*args, **kwargs)
+    finally:
+        module["ROWS"] = saved
+    want = _spec(*args, **kwargs)
+    assert len(direct_calls) == 1, "the call did not reach the direct evaluation"
+    assert out.dtype == want.dtype and out.shape == want.shape
+    np.testing.assert_allclose(out.numpy(), want.numpy(), **TOL[str(want.dtype)[6:]])
+
+
+def test_a_long_causal_call_runs_its_blocks(direct_calls):
+    # 300 queries after 20 cached keys: three blocks of the module's size, the last partial
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 300, 8, generator=g)
+    k, v = torch.randn(2, 2, 320, 8, generator=g).unbind(0)
+    table = torch.randn(16, 8, generator=g)
+    out = rp.cope_attention(q, k, v, table)
+    assert len(direct_calls) == 1
+    np.testing.assert_allclose(out.numpy(), _spec(q, k, v, table).numpy(), **TOL["float32"])
+
+
 @given(call=cope_calls(), seed=st.integers(0, 2**16))
 def test_the_direct_vjp_equals_the_specifications(call, seed, direct_vjps):
     args, kwargs = call

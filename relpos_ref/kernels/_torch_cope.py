@@ -25,6 +25,11 @@ positions are a forward cumulative sum, in the specification's order:
 0). In float32 the two logits a pair reads, :math:`z_n` and :math:`z_{n+1}`,
 are one 64-bit word, so one gather finds both. A row with no allowed key
 gets zeros. Memory: a few ``(..., t_q, t_k)`` arrays, as the lowering's.
+
+A causal call without a mask (``q_offset >= 0``, so every row keeps a key)
+runs the same steps a block of `ROWS` queries at a time, against the keys up
+to the block's last query only: about half of the grid at ``t_q = t_k``, and
+arrays of ``ROWS`` rows. The VJP kernel keeps the whole grid's arrays.
 """
 
 from __future__ import annotations
@@ -39,7 +44,10 @@ from ..calls import Call
 from ..gradients import sum_to_shape
 from ..schemes._tables import table_logits
 
-__all__ = ["cope_fused", "cope_vjp_fused"]
+__all__ = ["ROWS", "cope_fused", "cope_vjp_fused"]
+
+#: Queries evaluated at a time by a causal call without a mask.
+ROWS = 128
 
 
 def _at_floor_and_ceil(z: Any, floor: Any) -> tuple[Any, Any]:
@@ -142,7 +150,47 @@ def cope_fused(q: Any, k: Any, v: Any, tables: dict[str, Any], call: Call, mask:
     ...     bool(torch.allclose(out, rp.cope_attention(q, k, v, table)))
     True
     """
+    if call.causal and mask is None and call.q_offset >= 0:
+        return _causal_by_blocks(q, k, v, tables["table"], call)
     return _forward(q, k, v, tables["table"], call, mask, keep=False)[0]
+
+
+def _causal_by_blocks(q: Any, k: Any, v: Any, table: Any, call: Call) -> Any:
+    # a causal call without a mask, q_offset >= 0 (every row keeps key 0): `_forward`'s steps
+    # a block of ROWS queries at a time, against the keys up to the block's last query only
+    # (in reversed order, the last columns): about half of the grid at t_q = t_k. The masked
+    # gates before a row's first key are 0 in `_forward`'s cumulative sum, so the sums are
+    # the same
+    batch = torch.broadcast_shapes(*(x.shape[:-2] for x in (q, k, v, table)))
+    q = q.expand(*batch, *q.shape[-2:])
+    k_reversed = k.flip(-2).expand(*batch, *k.shape[-2:])
+    v_reversed = v.flip(-2).expand(*batch, *v.shape[-2:])
+    z = table_logits(q, table)
+    q = q * call.scale
+    out = torch.empty((*batch, call.t_q, v.shape[-1]), dtype=q.dtype, device=q.device)
+    for i0 in range(0, call.t_q, ROWS):
+        i1 = min(call.t_q, i0 + ROWS)
+        keys = min(call.t_k, i1 + call.q_offset)  # keys 0 .. keys - 1: columns t_k - keys ..
+        scores = torch.matmul(q[..., i0:i1, :], k_reversed[..., call.t_k - keys:, :].mT)
+        # column c is key keys - 1 - c, allowed where keys - 1 - c <= i + q_offset: the
+        # masked pairs are in the first i1 - i0 - 1 columns (the block's first row's)
+        edge = min(keys, i1 - i0 - 1)
+        first = keys - 1 - call.q_offset - torch.arange(i0, i1, device=q.device)[:, None]
+        allowed = torch.arange(edge, device=q.device) >= first
+        gates = torch.sigmoid(scores)
+        gates[..., :edge].mul_(allowed)
+        positions = torch.cumsum(gates, dim=-1)
+        del gates
+        positions.clamp_(max=table.shape[-2] - 1)
+        floor = positions.to(torch.int64)
+        weight = positions.frac_()
+        at_floor, at_ceil = _at_floor_and_ceil(z[..., i0:i1, :], floor)
+        scores.add_(torch.lerp(at_floor, at_ceil, weight, out=weight))
+        del at_floor, at_ceil, positions, floor
+        scores[..., :edge].masked_fill_(~allowed, -math.inf)
+        out[..., i0:i1, :] = torch.matmul(torch.softmax(scores, dim=-1),
+                                          v_reversed[..., call.t_k - keys:, :])
+    return out
 
 
 def cope_vjp_fused(q: Any, k: Any, v: Any, tables: dict[str, Any], call: Call, mask: Any,
