@@ -40,10 +40,11 @@ import math
 from typing import Any, NamedTuple
 
 from . import _xp
+from .schemes import fire
 from .schemes._fire_mlp import _tables, mlp_output
 
-__all__ = ["Units", "live_sums", "mlp_by_pieces", "pieces", "segment_coefficients", "segments",
-           "units"]
+__all__ = ["InputFactors", "Units", "input_factors", "live_sums", "mlp_by_pieces", "pieces",
+           "segment_coefficients", "segments", "units"]
 
 
 def _prefix(xp: Any, x: Any) -> Any:
@@ -225,3 +226,49 @@ def mlp_by_pieces(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
     found = xp.take(columns, segments(xp, u, flat), axis=1)
     out = found[:heads, :] * flat + found[heads:, :]
     return xp.reshape(out, (heads, *x.shape))
+
+
+class InputFactors(NamedTuple):
+    """FIRE's input as a row of distances over a column of normalisers (`input_factors`)."""
+
+    logs: Any  # (t_q + t_k - 1,) psi(|m|), m = n - (t_q - 1 + q_offset), in the wide dtype
+    norms: Any  # (t_q,) psi(max(|L|, p_i)) + eps, in the wide dtype
+    shared: int  # the first rows, whose normaliser is psi(|L|) + eps (p_i <= |L|)
+
+
+def input_factors(t_q: int, t_k: int, *, c: Any, L: Any, eps: float, q_offset: int, xp: Any,
+                  dtype: Any, device: Any) -> InputFactors | None:
+    r"""FIRE's input ``x[i, j] = logs[j - i + t_q - 1] / norms[i]``, or ``None`` if not finite.
+
+    The specification's `relpos_ref.schemes.fire.fire_inputs` before its
+    rounding to `dtype` (computed in the same wide dtype, by the same
+    operations): :math:`\psi(|p_i - j|)` depends on the pair through the
+    distance alone, one entry per distance, and the normaliser on the row
+    alone. The first `shared` rows have one normaliser, :math:`\psi(|L|) +
+    \epsilon`: their inputs are a function of the distance. ``None`` where a
+    normaliser is 0 or an input is not finite (the specification's NaN and
+    infinite inputs, which the kernels leave to it).
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> f = input_factors(2, 3, c=1.0, L=1.0, eps=0.0, q_offset=1, xp=xp, dtype=xp.float64,
+    ...                   device=None)
+    >>> f.shared, float(f.logs[2] / f.norms[1])  # query 1 (position 2), key 2: distance 0 ...
+    (1, 0.0)
+    >>> float(f.logs[0] / f.norms[1])  # ... and key 0 at distance 2: log 3 / log 3
+    1.0
+    """
+    wide = fire._wide(xp, dtype, device, t_q, t_k, q_offset)
+    idx = _xp.index_dtype(xp, device)
+    u = xp.abs(fire._scalar(xp, c, wide, device))
+    limit = xp.abs(fire._scalar(xp, L, wide, device))
+    offset = xp.astype(xp.arange(t_q + t_k - 1, dtype=idx, device=device)
+                       - (t_q - 1 + q_offset), wide)
+    logs = xp.log1p(u * xp.abs(offset))
+    position = xp.astype(xp.arange(t_q, dtype=idx, device=device) + q_offset, wide)
+    norms = xp.log1p(u * xp.maximum(position, limit)) + eps
+    if not bool(xp.all(xp.isfinite(logs)) & xp.all(xp.isfinite(norms))
+                & xp.all(norms != 0.0)):
+        return None
+    return InputFactors(logs, norms, int(xp.sum(xp.astype(position <= limit, idx))))

@@ -398,7 +398,7 @@ def test_the_lowering_s_mlp_keeps_nan_weights_and_flat_units():
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((2, 4, 3)) for _ in range(3))
     out = rp.fire_attention(q, k, v, np.asarray([[np.nan], [1.0]]), np.zeros(2),
-                            np.ones((2, 2)), L=3.0)  # the NumPy kernel, through the lowering
+                            np.ones((2, 2)), L=3.0)  # the NumPy kernel hands it back
     assert np.isnan(out).all()
     for dtype, tiny in ((np.float32, 1e-8), (np.float64, 1e-17)):  # breakpoints at -5e7, -5e16
         x = np.asarray([[0.3, 0.7]], dtype=dtype)

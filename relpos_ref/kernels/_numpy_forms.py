@@ -29,7 +29,7 @@ __all__ = ["FORM_SCHEMES", "form_kernel"]
 #: The schemes whose NumPy kernel is `form_kernel`: their forms have content operands,
 #: biases by distance and plain attention's dense terms only.
 FORM_SCHEMES = ("plain", "absolute", "rope", "bias", "t5", "alibi", "kerple", "sandwich",
-                "xpos", "fire", "cope")
+                "xpos", "cope")
 
 
 def form_kernel(name: str, attend: Callable[..., Any]) -> Callable[..., Any]:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from .. import _xp
-from .._fire_pieces import pieces, segments
+from .._fire_pieces import input_factors, pieces, segments
 from ..calls import Call
 from ..schemes import fire
 from ._fire_vjp import table_gradients
@@ -83,18 +83,13 @@ def fire_bias_reversed(named: dict[str, Any], call: Call, *, masked: bool) -> An
     dtype, device = w1.dtype, w1.device
     xp = _xp.array_namespace(w1)
     t_q, t_k, q_offset = call.t_q, call.t_k, call.q_offset
-    wide = fire._wide(xp, dtype, device, t_q, t_k, q_offset)
-    u = xp.abs(fire._scalar(xp, c, wide, device))
-    limit = xp.abs(fire._scalar(xp, big_l, wide, device))
-    # key j of row w is at n = w + j: its distance to query t_q - 1 - w is n - n_0
-    offset = torch.arange(t_q + t_k - 1, dtype=wide, device=device) - (t_q - 1 + q_offset)
-    logs = torch.log1p(u * offset.abs())
-    position = torch.arange(t_q - 1, -1, -1, dtype=wide, device=device) + q_offset
-    norm = torch.log1p(u * torch.maximum(position, limit)) + eps  # by row w
-    shared = torch.sum(position <= limit)
-    if not bool(torch.isfinite(logs).all() & torch.isfinite(norm).all() & (norm != 0).all()):
+    found = input_factors(t_q, t_k, c=c, L=big_l, eps=eps, q_offset=q_offset, xp=xp,
+                          dtype=dtype, device=device)
+    if found is None:
         return None  # the specification's NaN or infinite inputs
-    shared = int(shared)
+    # row w (query t_q - 1 - w) reads logs[w + j] at key j, at distance w + j - n_0
+    logs, norm, shared = found.logs, found.norms.flip(0), found.shared
+    offset = torch.arange(t_q + t_k - 1, device=device) - (t_q - 1 + q_offset)
     bounds, columns = pieces(w1, named["b1"], named["w2"], b2)
     heads, future = columns.shape[0] // 2, columns.shape[1]
     # one more segment for a masked pair: A = 0, B = -inf
@@ -124,9 +119,9 @@ def fire_bias_reversed(named: dict[str, Any], call: Call, *, masked: bool) -> An
         segment = segments(xp, bounds, x)
         if masked:
             segment = torch.where(after[w0:w1_, :keys] > 0, future, segment)
-        found = torch.index_select(columns, 1, segment.reshape(-1))
-        found = found.reshape(2 * heads, w1_ - w0, keys)
-        torch.addcmul(found[heads:], found[:heads], x, out=out[:, w0:w1_, :keys])
+        picked = torch.index_select(columns, 1, segment.reshape(-1))
+        picked = picked.reshape(2 * heads, w1_ - w0, keys)
+        torch.addcmul(picked[heads:], picked[:heads], x, out=out[:, w0:w1_, :keys])
     return out
 
 

@@ -45,6 +45,7 @@ from .._validate import check_bool
 from ..calls import Call, computes_in_float32
 from ..schemes import (
     deberta,
+    fire,
     forgetting,
     general,
     grid2d,
@@ -56,6 +57,7 @@ from ..schemes import (
 )
 from ..schemes._tables import table_logits
 from . import (
+    _numpy_fire,  # the forward's bias rows
     _numpy_forgetting,  # the forward's bias rows; registers the forgetting bias's VJP
     _numpy_vjp_biases,  # noqa: F401  (registers KERPLE's, Sandwich's, xPos's)
     _numpy_vjp_fire,  # noqa: F401  (registers FIRE's)
@@ -162,6 +164,31 @@ def forgetting_attention(q, k, v, f, /, *, scale=None, mask=None, causal=None, q
     # the scores take the bias's batch (heads where only f has them)
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], big_f.shape[:-1])
     add = _numpy_forgetting.add_bias_rows(big_f, call.q_offset, q.dtype)
+    return _attend(np.broadcast_to(q, (*batch, *q.shape[-2:])), k, v, call, mask=mask,
+                   add_bias=add, return_weights=return_weights)
+
+
+@_register("fire")  # its bias a block of rows at a time (`_numpy_fire`), not the form's dense one
+def fire_attention(q, k, v, w1, b1, w2, /, *, b2=None, c=0.1, L=512.0, eps=fire.EPS, scale=None,
+                   mask=None, causal=None, q_offset=None, return_weights=False):
+    scalars = {n: x for n, x in (("c", c), ("L", L)) if hasattr(x, "shape")}
+    if not _ndarrays(q, k, v, w1, b1, w2, b2, mask, *scalars.values()):
+        return NotImplemented
+    call = fire.fire_call(q, k, v, w1, b1, w2, b2=b2, c=c, L=L, eps=eps, scale=scale, mask=mask,
+                          causal=causal, q_offset=q_offset)
+    if not bounded("fire", call, q, k) or not _finite(w1, b1, w2, b2, *scalars.values()):
+        return NotImplemented  # a NaN weight makes the specification's bias NaN
+    named = {"w1": w1, "b1": b1, "w2": w2, "c": c, "L": L, "eps": eps}
+    if b2 is not None:
+        named["b2"] = b2
+    add = None
+    if call.t_q and call.t_k:
+        add = _numpy_fire.add_fire_rows(named, call, q.dtype)
+        if add is None:
+            return NotImplemented  # the MLP's input is not finite: the specification's NaNs
+    # the scores take the bias's heads where only the MLP has them
+    heads = fire._check_mlp(w1, b1, w2, b2)
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], () if heads is None else (heads,))
     return _attend(np.broadcast_to(q, (*batch, *q.shape[-2:])), k, v, call, mask=mask,
                    add_bias=add, return_weights=return_weights)
 
