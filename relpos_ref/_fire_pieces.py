@@ -43,8 +43,8 @@ from . import _xp
 from .schemes import fire
 from .schemes._fire_mlp import _tables, mlp_output
 
-__all__ = ["InputFactors", "Units", "input_factors", "live_sums", "mlp_by_pieces", "pieces",
-           "segment_coefficients", "segments", "units"]
+__all__ = ["InputFactors", "Units", "broadcast_tables", "input_factors", "live_sums",
+           "mlp_by_pieces", "pieces", "segment_coefficients", "segments", "units"]
 
 
 def _prefix(xp: Any, x: Any) -> Any:
@@ -190,13 +190,30 @@ def pieces(w1: Any, b1: Any, w2: Any, b2: Any) -> tuple[Any, Any]:
            [ 0. ,  0. , -0.5]], dtype=array_api_strict.float64))
     """
     xp = _xp.array_namespace(w1, b1, w2)
+    u, a, b = segment_coefficients(*broadcast_tables(w1, b1, w2, b2))
+    return u, xp.concat([a, b], axis=0)
+
+
+def broadcast_tables(w1: Any, b1: Any, w2: Any, b2: Any) -> tuple[Any, Any, Any, Any]:
+    """The specification's tables as `units` takes them (`w1`, `b1`, `w2`, `b2` of any shape).
+
+    Returns ``(H', m)``, ``(H', m)``, ``(H, m)`` and ``(H,)`` (``b2`` ``None``: zeros).
+
+    ``H'`` is 1 for one hidden layer shared by the heads, ``H`` for one MLP per
+    head; ``H`` is 1 where no table has a head axis. Views where they can be.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> [t.shape for t in broadcast_tables(xp.ones((3, 1)), xp.ones(3), xp.ones((2, 3)), None)]
+    [(1, 3), (1, 3), (2, 3), (2,)]
+    """
+    xp = _xp.array_namespace(w1, b1, w2)
     tw1, tb1, tw2, tb2 = _tables(w1, b1, w2, b2)
     heads = max(tw1.shape[0], tb1.shape[0], tw2.shape[0], tb2.shape[0])
     hidden, m = max(tw1.shape[0], tb1.shape[0]), tw1.shape[-1]
-    tw1, tb1 = (xp.broadcast_to(t, (hidden, m)) for t in (tw1, tb1))
-    u, a, b = segment_coefficients(tw1, tb1, xp.broadcast_to(tw2, (heads, m)),
-                                   xp.broadcast_to(tb2, (heads,)))
-    return u, xp.concat([a, b], axis=0)
+    return (xp.broadcast_to(tw1, (hidden, m)), xp.broadcast_to(tb1, (hidden, m)),
+            xp.broadcast_to(tw2, (heads, m)), xp.broadcast_to(tb2, (heads,)))
 
 
 def mlp_by_pieces(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
@@ -231,9 +248,15 @@ def mlp_by_pieces(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
 class InputFactors(NamedTuple):
     """FIRE's input as a row of distances over a column of normalisers (`input_factors`)."""
 
-    logs: Any  # (t_q + t_k - 1,) psi(|m|), m = n - (t_q - 1 + q_offset), in the wide dtype
-    norms: Any  # (t_q,) psi(max(|L|, p_i)) + eps, in the wide dtype
+    distances: Any  # (t_q + t_k - 1,) |m|, m = n - (t_q - 1 + q_offset), in the wide dtype
+    logs: Any  # (t_q + t_k - 1,) psi(|m|)
+    rows: dict[str, Any]  # the specification's row parts (t_q,): p, m, n (the normaliser), ...
     shared: int  # the first rows, whose normaliser is psi(|L|) + eps (p_i <= |L|)
+
+    @property
+    def norms(self) -> Any:
+        """``(t_q,)`` each row's normaliser :math:`\\psi(\\max(|L|, p_i)) + \\epsilon`."""
+        return self.rows["n"]
 
 
 def input_factors(t_q: int, t_k: int, *, c: Any, L: Any, eps: float, q_offset: int, xp: Any,
@@ -261,14 +284,14 @@ def input_factors(t_q: int, t_k: int, *, c: Any, L: Any, eps: float, q_offset: i
     """
     wide = fire._wide(xp, dtype, device, t_q, t_k, q_offset)
     idx = _xp.index_dtype(xp, device)
-    u = xp.abs(fire._scalar(xp, c, wide, device))
-    limit = xp.abs(fire._scalar(xp, L, wide, device))
+    rows = fire._row_parts(xp, t_q, c, L, eps, q_offset, wide, device)
     offset = xp.astype(xp.arange(t_q + t_k - 1, dtype=idx, device=device)
                        - (t_q - 1 + q_offset), wide)
-    logs = xp.log1p(u * xp.abs(offset))
-    position = xp.astype(xp.arange(t_q, dtype=idx, device=device) + q_offset, wide)
-    norms = xp.log1p(u * xp.maximum(position, limit)) + eps
+    distances = xp.abs(offset)
+    logs = xp.log1p(rows["u"] * distances)
+    norms = rows["n"]
     if not bool(xp.all(xp.isfinite(logs)) & xp.all(xp.isfinite(norms))
                 & xp.all(norms != 0.0)):
         return None
-    return InputFactors(logs, norms, int(xp.sum(xp.astype(position <= limit, idx))))
+    shared = int(xp.sum(xp.astype(rows["p"] <= rows["big_l"], idx)))
+    return InputFactors(distances, logs, rows, shared)

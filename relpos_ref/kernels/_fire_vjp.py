@@ -25,12 +25,13 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _xp
-from .._fire_pieces import live_sums, segments, units
+from .._fire_pieces import broadcast_tables, live_sums, segments, units
 from ..gradients import sum_to_shape
 from ..schemes import fire
 from ..schemes._fire_mlp import _tables
 
-__all__ = ["SUM_CHUNK", "mlp_vjp_by_pieces", "table_gradients"]
+__all__ = ["SUM_CHUNK", "mlp_vjp_by_pieces", "table_gradients", "tables_from_unit_gradients",
+           "unit_gradients"]
 
 #: Pairs summed by segment in the call's dtype (torch) before the sum goes on in float64.
 SUM_CHUNK = 16384
@@ -72,6 +73,27 @@ def _live_sums(xp: Any, found: Any, d_coefficient: Any) -> Any:
     return out + xp.where(found.flat, total, zero)
 
 
+def unit_gradients(found: Any, d_a: Any, d_b: Any, w1: Any, b1: Any, w2: Any
+                   ) -> tuple[Any, Any, Any]:
+    """``(d_w1, d_b1, d_w2)`` from the sums by segment of the slopes' and intercepts' cotangents.
+
+    `found` is `relpos_ref._fire_pieces.units` of `w1`, `b1` ``(H', m)`` and
+    `w2` ``(H, m)``; `d_a`, `d_b` ``(H, 2n + 1)``: per head and segment, the
+    sum of :math:`\bar b x` and of :math:`\bar b` over its pairs.
+    """
+    xp = _xp.array_namespace(d_a, w1)
+    heads, hidden, m = w2.shape[0], w1.shape[0], w1.shape[1]
+    d_slope = xp.reshape(_live_sums(xp, found, d_a), (heads, hidden, m))
+    d_intercept = xp.reshape(_live_sums(xp, found, d_b), (heads, hidden, m))
+    one = xp.ones((), dtype=d_a.dtype, device=_xp.device(d_a))
+    linked = (xp.eye(heads, dtype=d_a.dtype, device=_xp.device(d_a))[:, :, None]
+              if hidden > 1 else one)
+    d_w2 = xp.sum((d_slope * w1[None, ...] + d_intercept * b1[None, ...]) * linked, axis=1)
+    d_w1 = xp.sum(d_slope * w2[:, None, :] * linked, axis=0)
+    d_b1 = xp.sum(d_intercept * w2[:, None, :] * linked, axis=0)
+    return d_w1, d_b1, d_w2
+
+
 def mlp_vjp_by_pieces(x: Any, d_out: Any, w1: Any, b1: Any, w2: Any
                       ) -> tuple[Any, Any, Any, Any]:
     """The MLP's VJP at `x` ``(t_q, t_k)`` for `d_out` ``(H, t_q, t_k)``, by segments.
@@ -92,7 +114,7 @@ def mlp_vjp_by_pieces(x: Any, d_out: Any, w1: Any, b1: Any, w2: Any
     (array([[0., 1.]]), array([[0.5]]))
     """
     xp = _xp.array_namespace(x, d_out, w1)
-    heads, hidden, m = w2.shape[0], w1.shape[0], w1.shape[1]
+    heads = w2.shape[0]
     found = units(w1, b1, w2)
     flat = xp.reshape(x, (-1,))
     segment = segments(xp, found.u, flat)
@@ -102,15 +124,26 @@ def mlp_vjp_by_pieces(x: Any, d_out: Any, w1: Any, b1: Any, w2: Any
     d_x = xp.reshape(xp.sum(d_flat * xp.take(a, segment, axis=1), axis=0), x.shape)
     d_a = xp.astype(_sums_by_segment(xp, segment, d_flat * flat, n_seg), x.dtype)
     d_b = xp.astype(_sums_by_segment(xp, segment, d_flat, n_seg), x.dtype)
-    d_slope = xp.reshape(_live_sums(xp, found, d_a), (heads, hidden, m))
-    d_intercept = xp.reshape(_live_sums(xp, found, d_b), (heads, hidden, m))
-    one = xp.ones((), dtype=x.dtype, device=_xp.device(x))
-    linked = xp.eye(heads, dtype=x.dtype, device=_xp.device(x))[:, :, None] if hidden > 1 \
-        else one
-    d_w2 = xp.sum((d_slope * w1[None, ...] + d_intercept * b1[None, ...]) * linked, axis=1)
-    d_w1 = xp.sum(d_slope * w2[:, None, :] * linked, axis=0)
-    d_b1 = xp.sum(d_intercept * w2[:, None, :] * linked, axis=0)
-    return d_x, d_w1, d_b1, d_w2
+    return (d_x, *unit_gradients(found, d_a, d_b, w1, b1, w2))
+
+
+def tables_from_unit_gradients(d_w1: Any, d_b1: Any, d_w2: Any, tables: dict[str, Any]
+                               ) -> dict[str, Any]:
+    """``w1``, ``b1``, ``w2`` (and ``b2``: zeros) gradients in their tables' shapes.
+
+    `d_w1`, `d_b1` ``(H', m)`` and `d_w2` ``(H, m)`` are of the broadcast tables
+    (`relpos_ref._fire_pieces.broadcast_tables`); summed back to each table's
+    shape. ``b2``'s is 0: softmax takes a row's constant away.
+    """
+    xp = _xp.array_namespace(d_w1)
+    w1, b1, w2, b2 = (tables.get(n) for n in ("w1", "b1", "w2", "b2"))
+    tw1, tb1, tw2, _ = _tables(w1, b1, w2, b2)
+    out = {"w1": xp.reshape(sum_to_shape(d_w1, tw1.shape), w1.shape),
+           "b1": xp.reshape(sum_to_shape(d_b1, tb1.shape), b1.shape),
+           "w2": xp.reshape(sum_to_shape(d_w2, tw2.shape), w2.shape)}
+    if b2 is not None:
+        out["b2"] = xp.zeros(b2.shape, dtype=b2.dtype, device=_xp.device(b2))
+    return out
 
 
 def table_gradients(x: Any, d_bias: Any, tables: dict[str, Any], parts: dict[str, Any],
@@ -137,19 +170,12 @@ def table_gradients(x: Any, d_bias: Any, tables: dict[str, Any], parts: dict[str
     (array([[1.]]), array([1.]))
     """
     xp = _xp.array_namespace(x, d_bias)
-    w1, b1, w2, b2 = (tables.get(n) for n in ("w1", "b1", "w2", "b2"))
     d_out = d_bias if d_bias.ndim == 3 else d_bias[None, ...]
-    tw1, tb1, tw2, _ = _tables(w1, b1, w2, b2)
-    hidden = max(tw1.shape[0], tb1.shape[0])
-    d_x, d_w1, d_b1, d_w2 = mlp_vjp_by_pieces(
-        x, d_out, *(xp.broadcast_to(t, (hidden, tw1.shape[1])) for t in (tw1, tb1)),
-        xp.broadcast_to(tw2, (d_out.shape[0], tw2.shape[1])))
+    w1, b1, w2, _ = broadcast_tables(*(tables.get(n) for n in ("w1", "b1", "w2", "b2")))
+    d_x, d_w1, d_b1, d_w2 = mlp_vjp_by_pieces(x, d_out, w1, b1,
+                                              xp.broadcast_to(w2, (d_out.shape[0], w2.shape[1])))
     d_c, d_l = fire._parameter_gradients(xp, parts, xp.astype(d_x, parts["x"].dtype), c, L)
-    out = {"w1": xp.reshape(sum_to_shape(d_w1, tw1.shape), w1.shape),
-           "b1": xp.reshape(sum_to_shape(d_b1, tb1.shape), b1.shape),
-           "w2": xp.reshape(sum_to_shape(d_w2, tw2.shape), w2.shape)}
-    if b2 is not None:
-        out["b2"] = xp.zeros(b2.shape, dtype=b2.dtype, device=_xp.device(b2))
+    out = tables_from_unit_gradients(d_w1, d_b1, d_w2, tables)
     out["c"] = fire._like(xp, d_c, c, dtype)
     out["L"] = fire._like(xp, d_l, L, dtype)
     return out

@@ -117,20 +117,27 @@ def _scalar(xp: Any, x: Any, dtype: Any, device: Any) -> Any:
     return xp.asarray(float(x), dtype=dtype, device=device)
 
 
+def _row_parts(xp: Any, t_q: int, c: Any, L: Any, eps: float, q_offset: int, dtype: Any,
+               device: Any) -> dict[str, Any]:
+    # each query's position p, max(|L|, p) and normaliser n = psi(max(|L|, p)) + eps, (t_q,)
+    idx = _xp.index_dtype(xp, device)
+    p = xp.astype(xp.arange(t_q, dtype=idx, device=device) + q_offset, dtype)
+    u = xp.abs(_scalar(xp, c, dtype, device))
+    big_l = xp.abs(_scalar(xp, L, dtype, device))
+    m = xp.maximum(p, big_l)
+    return {"p": p, "u": u, "big_l": big_l, "m": m, "n": xp.log1p(u * m) + eps}
+
+
 def _parts(xp: Any, t_q: int, t_k: int, c: Any, L: Any, eps: float, q_offset: int,
            dtype: Any, device: Any, j0: int = 0) -> dict[str, Any]:
     # the input x = A / N (keys j0 .. j0 + t_k - 1) and the pieces its gradients read
+    rows = _row_parts(xp, t_q, c, L, eps, q_offset, dtype, device)
     idx = _xp.index_dtype(xp, device)
-    p = xp.astype(xp.arange(t_q, dtype=idx, device=device) + q_offset, dtype)
     j = xp.astype(xp.arange(j0, j0 + t_k, dtype=idx, device=device), dtype)
-    u = xp.abs(_scalar(xp, c, dtype, device))
-    big_l = xp.abs(_scalar(xp, L, dtype, device))
-    dist = xp.abs(p[:, None] - j[None, :])
-    m = xp.maximum(p, big_l)
-    a = xp.log1p(u * dist)
-    n = xp.log1p(u * m) + eps
-    return {"p": p, "u": u, "big_l": big_l, "dist": dist, "m": m, "a": a,
-            "n": n[:, None], "x": a / n[:, None]}
+    dist = xp.abs(rows["p"][:, None] - j[None, :])
+    a = xp.log1p(rows["u"] * dist)
+    n = rows["n"][:, None]
+    return {**rows, "dist": dist, "a": a, "n": n, "x": a / n}
 
 
 def fire_inputs(
@@ -333,29 +340,51 @@ def fire_attention(
                      q_offset=call.q_offset, bias=bias, return_weights=return_weights)
 
 
-def _total(xp: Any, x: Any) -> Any:
-    # the sum of a (t_q, t_k) array as an array of shape () (NumPy's sum gives a scalar)
-    return xp.reshape(xp.sum(x, axis=(0, 1), keepdims=True), ())
+def _distance_derivative(xp: Any, dist: Any, u: Any, c: Any) -> Any:
+    # d psi(dist) / dc = sign(c) dist / (|c| dist + 1), any shape of distances
+    return xp.sign(_scalar(xp, c, dist.dtype, _xp.device(dist))) * dist / (u * dist + 1.0)
+
+
+def _row_derivatives(xp: Any, rows: dict[str, Any], c: Any, L: Any) -> tuple[Any, Any]:
+    # (t_q,) each: dN/dc / N^2 and dN/dL / N^2 of each row (the normaliser's part of dx)
+    u, m, n, big_l, p = rows["u"], rows["m"], rows["n"], rows["big_l"], rows["p"]
+    n = xp.reshape(n, (-1,))
+    dtype, dev = u.dtype, _xp.device(u)
+    sign_c = xp.sign(_scalar(xp, c, dtype, dev))
+    sign_l = xp.sign(_scalar(xp, L, dtype, dev))
+    half = xp.asarray(0.5, dtype=dtype, device=dev)
+    one, zero = xp.ones_like(half), xp.zeros_like(half)
+    through = xp.where(big_l > p, one, xp.where(big_l == p, half, zero))  # torch.maximum's
+    return (sign_c * m / (u * m + 1.0) / (n * n),
+            sign_l * through * u / (u * m + 1.0) / (n * n))
+
+
+def _gradients_from_row_sums(xp: Any, rows: dict[str, Any], by_da: Any, by_a: Any, c: Any,
+                             L: Any) -> tuple[Any, Any]:
+    r"""``c``'s and ``L``'s gradients (shape ``()``, wide) from two sums of each row.
+
+    With :math:`\bar x` the input's cotangent, ``by_da[i]`` is
+    :math:`\sum_j \bar x_{ij}\, \partial A_{ij} / \partial c` and ``by_a[i]``
+    :math:`\sum_j \bar x_{ij} A_{ij}` (:math:`A_{ij} = \psi(|p_i - j|)`):
+    :math:`x = A / N_i`, so :math:`\partial x / \partial c = (\partial A /
+    \partial c) / N_i - A\, (\partial N_i / \partial c) / N_i^2`, and ``L``
+    reaches ``x`` through :math:`N_i` alone.
+    """
+    row_c, row_l = _row_derivatives(xp, rows, c, L)
+    n = xp.reshape(rows["n"], (-1,))
+    # (a sum with keepdims, then reshaped: NumPy's sum of every entry is a scalar)
+    d_c = xp.sum(by_da / n - row_c * by_a, axis=0, keepdims=True)
+    d_l = -xp.sum(row_l * by_a, axis=0, keepdims=True)
+    return xp.reshape(d_c, ()), xp.reshape(d_l, ())
 
 
 def _parameter_gradients(xp: Any, parts: dict[str, Any], d_x: Any, c: Any,
                          L: Any) -> tuple[Any, Any]:
     # dx/dc and dx/dL, summed against d_x (all in the wide dtype): scalars
-    u, dist, m, a, n = parts["u"], parts["dist"], parts["m"], parts["a"], parts["n"]
-    dtype = u.dtype
-    dev = _xp.device(u)
-    sign_c = xp.sign(_scalar(xp, c, dtype, dev))
-    sign_l = xp.sign(_scalar(xp, L, dtype, dev))
-    da = sign_c * dist / (u * dist + 1.0)
-    dn = sign_c * m / (u * m + 1.0)  # (t_q,)
-    d_c = _total(xp, d_x * (da / n - a * dn[:, None] / (n * n)))
-    big_l, p = parts["big_l"], parts["p"]
-    half = xp.asarray(0.5, dtype=dtype, device=dev)
-    one, zero = xp.ones_like(half), xp.zeros_like(half)
-    through = xp.where(big_l > p, one, xp.where(big_l == p, half, zero))  # torch.maximum's
-    dn_l = sign_l * through * u / (u * m + 1.0)
-    d_l = _total(xp, d_x * (-a * dn_l[:, None] / (n * n)))
-    return d_c, d_l
+    da = _distance_derivative(xp, parts["dist"], parts["u"], c)
+    by_da = xp.sum(d_x * da, axis=1)
+    by_a = xp.sum(d_x * parts["a"], axis=1)
+    return _gradients_from_row_sums(xp, parts, by_da, by_a, c, L)
 
 
 def _like(xp: Any, g: Any, x: Any, dtype: Any) -> Any:
