@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import _reference as ref
 import numpy as np
 import pytest
@@ -332,3 +334,37 @@ def test_the_numpy_kernel_s_weights_leave_out_the_batch_only_v_has():
     assert weights.shape == want_weights.shape == (2, 3, 3)
     np.testing.assert_allclose(weights, want_weights, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(out, want_out, rtol=1e-12, atol=1e-14)
+
+
+@settings(deadline=None, max_examples=40)
+@given(call=_calls(), rows=st.integers(1, 3))
+def test_the_numpy_kernels_run_a_causal_call_by_blocks_of_queries(call, rows):
+    # causal, no mask, q_offset >= 0: blocks of `rows` queries against their keys only, the
+    # forward and the VJP
+    from relpos_ref.kernels import _numpy_cope
+
+    args, kwargs, d_out = call
+    kwargs.update(mask=None, causal=True, q_offset=abs(kwargs["q_offset"]))
+    with kernels.disabled():
+        want = rp.cope_attention(*args, **kwargs)
+        want_g = rp.cope_attention_vjp(*args, **kwargs, d_output=d_out)
+    with mock.patch.object(_numpy_cope, "ROWS", rows), \
+            mock.patch.object(_numpy_cope, "_forward", side_effect=AssertionError("whole grid")):
+        got = rp.cope_attention(*args, **kwargs)
+        got_g = rp.cope_attention_vjp(*args, **kwargs, d_output=d_out)
+    assert type(got) is type(want) and got.dtype == want.dtype and got.shape == want.shape
+    _same(got, want, str(args[0].dtype))
+    for name, w in want_g.items():
+        assert got_g[name].dtype == w.dtype and got_g[name].shape == w.shape, name
+        _same(got_g[name], w, str(args[0].dtype))
+
+
+def test_the_numpy_kernel_runs_a_long_causal_call_by_blocks():
+    # 300 queries after 20 cached keys: three blocks of the module's size, the last partial
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 300, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 320, 8)).astype(np.float32) for _ in range(2))
+    table = rng.standard_normal((16, 8)).astype(np.float32)
+    with kernels.disabled():
+        want = rp.cope_attention(q, k, v, table)
+    _same(rp.cope_attention(q, k, v, table), want, "float32")

@@ -10,6 +10,8 @@ check which path ran.
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -21,6 +23,7 @@ from relpos_ref import kernels
 
 torch = pytest.importorskip("torch")
 torch_kernels = pytest.importorskip("relpos_ref.kernels.torch")
+_torch_cope = pytest.importorskip("relpos_ref.kernels._torch_cope")
 
 
 def counted(monkeypatch, table, scheme="cope"):
@@ -95,13 +98,9 @@ def test_a_causal_call_by_blocks_of_queries_equals_the_specification(call, rows,
     args, kwargs = call
     kwargs.pop("mask", None)
     kwargs.update(causal=True, q_offset=abs(kwargs["q_offset"]))
-    module = torch_kernels.cope_fused.__globals__
-    saved, module["ROWS"] = module["ROWS"], rows
-    try:
+    with mock.patch.object(_torch_cope, "ROWS", rows):
         direct_calls.clear()
         out = rp.cope_attention(*args, **kwargs)
-    finally:
-        module["ROWS"] = saved
     want = _spec(*args, **kwargs)
     assert len(direct_calls) == 1, "the call did not reach the direct evaluation"
     assert out.dtype == want.dtype and out.shape == want.shape

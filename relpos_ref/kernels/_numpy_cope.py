@@ -45,7 +45,10 @@ from ._numpy_vjp import finite, sum_to
 from ._numpy_vjp_common import _covered, _ndarrays, _register
 from ._overflow import bounded
 
-__all__ = ["cope_forward"]
+__all__ = ["ROWS", "cope_forward"]
+
+#: Queries evaluated at a time by a causal call without a mask (no weights returned).
+ROWS = 128
 
 _WIDE = {np.dtype(np.float32): np.complex64, np.dtype(np.float64): np.complex128}
 
@@ -73,6 +76,31 @@ def _at_floor_and_ceil(z: np.ndarray, floor: np.ndarray) -> tuple[np.ndarray, np
     return found[..., 0], found[..., 1]
 
 
+def _term(scores: np.ndarray, allowed: Any, z: np.ndarray, max_pos: int, *,
+          keep: bool) -> tuple[np.ndarray, _Kept | None]:
+    # CoPE's term c of the scaled logits `scores` (read, not written), each gate 0 where not
+    # `allowed` (None: every pair), and with `keep` what the VJP reads (its weights None)
+    with np.errstate(over="ignore"):  # exp(-S) = inf: a gate of 0
+        gates = np.exp(-scores)
+    gates += 1.0
+    np.reciprocal(gates, out=gates)
+    if allowed is not None:
+        gates *= allowed
+    positions = np.cumsum(gates[..., ::-1], axis=-1)[..., ::-1]  # sums over the keys t >= j
+    np.minimum(positions, max_pos - 1, out=positions)
+    weight, whole = np.modf(positions)
+    floor = whole.astype(np.intp)
+    del positions, whole
+    at_floor, at_ceil = _at_floor_and_ceil(z, floor)
+    slope = np.subtract(at_ceil, at_floor)
+    term = slope * weight
+    term += at_floor
+    if not keep:
+        return term, None
+    slope *= weight > 0  # d c / d p: 0 at an integer position (ceil = floor), so where clamped
+    return term, _Kept(None, gates, weight, floor, slope)
+
+
 def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray, call: Call,
              mask: Any, *, keep: bool) -> tuple[np.ndarray, np.ndarray, _Kept | None]:
     # (out, weights, what the VJP reads)
@@ -88,29 +116,47 @@ def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray, cal
     if scores.shape != (*batch, call.t_q, call.t_k) or not scores.flags.c_contiguous:
         scores = np.array(np.broadcast_to(scores, (*batch, call.t_q, call.t_k)), order="C")
     scores *= scores.dtype.type(call.scale)
-    with np.errstate(over="ignore"):  # exp(-S) = inf: a gate of 0
-        gates = np.exp(-scores)
-    gates += 1.0
-    np.reciprocal(gates, out=gates)
-    if allowed is not None:
-        gates *= allowed
-    positions = np.cumsum(gates[..., ::-1], axis=-1)[..., ::-1]  # sums over the keys t >= j
-    np.minimum(positions, table.shape[-2] - 1, out=positions)
-    weight, whole = np.modf(positions)
-    floor = whole.astype(np.intp)
-    del positions, whole
-    at_floor, at_ceil = _at_floor_and_ceil(table_logits(q, table), floor)
-    slope = np.subtract(at_ceil, at_floor)
-    term = slope * weight
-    term += at_floor
-    if keep:  # d c / d p: 0 at an integer position (ceil = floor), so where clamped too
-        slope *= weight > 0
+    term, kept = _term(scores, allowed, table_logits(q, table), table.shape[-2], keep=keep)
     weights = softmax_in_place(scores, scale=1.0, bias=term, mask=mask, causal=call.causal,
                                q_offset=call.q_offset)
     del term
     out = np.matmul(weights, v)
-    kept = _Kept(weights, gates, weight, floor, slope) if keep else None
-    return out, weights, kept
+    return out, weights, None if kept is None else kept._replace(weights=weights)
+
+
+def _causal_rows(a: int, b: int, keys: int, q_offset: int) -> np.ndarray:
+    # (b - a, keys): key j is allowed to row i where j <= i + q_offset; the masked ones lie
+    # in the last b - a - 1 columns (those of the block's first row)
+    edge = min(keys, b - a - 1)
+    allowed = np.ones((b - a, keys), dtype=bool)
+    allowed[:, keys - edge:] = (np.arange(keys - edge, keys)[None, :]
+                                <= np.arange(a, b)[:, None] + q_offset)
+    return allowed
+
+
+def _causal_by_blocks(q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray,
+                      call: Call) -> np.ndarray:
+    # a causal call without a mask, q_offset >= 0 (every row keeps key 0): `_forward`'s steps
+    # a block of ROWS queries at a time, against the keys up to the block's last query only
+    # (about half of the grid at t_q = t_k); a gate after a row's query is 0 in `_forward`,
+    # so the sums from the end of each row are the same
+    batch = np.broadcast_shapes(*(x.shape[:-2] for x in (q, k, v, table)))
+    q = np.broadcast_to(q, (*batch, *q.shape[-2:]))
+    z = table_logits(q, table)
+    scale = q.dtype.type(call.scale)
+    k_t = np.swapaxes(k, -1, -2)
+    out = np.empty((*batch, call.t_q, v.shape[-1]), dtype=q.dtype)
+    for a in range(0, call.t_q, ROWS):
+        b = min(a + ROWS, call.t_q)
+        keys = min(call.t_k, b + call.q_offset)  # keys 0 .. keys - 1
+        scores = np.matmul(q[..., a:b, :], k_t[..., :keys])
+        scores *= scale
+        term, _ = _term(scores, _causal_rows(a, b, keys, call.q_offset), z[..., a:b, :],
+                        table.shape[-2], keep=False)
+        weights = softmax_in_place(scores, scale=1.0, bias=term, causal=True,
+                                   q_offset=call.q_offset + a)
+        np.matmul(weights, v[..., :keys, :], out=out[..., a:b, :])
+    return out
 
 
 def cope_forward(fallback: Any) -> Any:
@@ -128,6 +174,8 @@ def cope_forward(fallback: Any) -> Any:
         if (q.dtype not in _WIDE or not finite(q, k, v, table)
                 or not bounded("cope", call, q, k, table=table)):
             return fallback(q, k, v, table, **given)
+        if call.causal and mask is None and call.q_offset >= 0 and not return_weights:
+            return _causal_by_blocks(q, k, v, table, call)
         out, weights, _ = _forward(q, k, v, table, call, mask, keep=False)
         return (out, weights) if return_weights else out
 
@@ -135,20 +183,12 @@ def cope_forward(fallback: Any) -> Any:
     return kernel
 
 
-@_register("cope")
-def cope_attention_vjp(q, k, v, table, /, *, d_output, scale=None, mask=None, causal=None,
-                       q_offset=None):
-    if not _ndarrays(q, k, v, table, d_output, mask):
-        return NotImplemented
-    call = cope.cope_call(q, k, v, table, scale=scale, mask=mask, causal=causal,
-                          q_offset=q_offset)
-    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    if not _covered("cope", q, call, mask, k, v, d_output, table=table):
-        return NotImplemented
-    _, weights, kept = _forward(q, k, v, table, call, mask, keep=True)
-    batch = weights.shape[:-2]
-    d_output = np.broadcast_to(d_output, (*batch, *d_output.shape[-2:]))
-    q_full = np.broadcast_to(q, (*batch, *q.shape[-2:]))
+def _backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray,
+              kept: _Kept, d_output: np.ndarray, scale: Any
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    # (dq, dk, dv, d_table) over the weights' batch, of rows q (the batch's) against keys k,
+    # v, from what their forward kept
+    weights = kept.weights
     dv = np.matmul(np.swapaxes(weights, -1, -2), d_output)
     d_logits = np.matmul(d_output, np.swapaxes(v, -1, -2))
     d_logits -= np.einsum("...ij,...ij->...i", d_logits, weights)[..., None]
@@ -169,9 +209,63 @@ def cope_attention_vjp(q, k, v, table, /, *, d_output, scale=None, mask=None, ca
     d_gates *= 1.0 - gates
     d_logits += d_gates  # the scaled logits' cotangent (0 where a pair is not allowed)
     del d_gates
-    scale = q.dtype.type(call.scale)
     dq = np.matmul(d_logits, k) * scale + np.matmul(d_z, table)
-    dk = np.matmul(np.swapaxes(d_logits, -1, -2), q_full) * scale
-    d_table = np.matmul(np.swapaxes(d_z, -1, -2), q_full)
+    dk = np.matmul(np.swapaxes(d_logits, -1, -2), q) * scale
+    d_table = np.matmul(np.swapaxes(d_z, -1, -2), q)
+    return dq, dk, dv, d_table
+
+
+def _causal_vjp_by_blocks(q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray,
+                          call: Call, d_output: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    # `_causal_by_blocks`'s forward, kept, then `_backward`, a block of ROWS queries at a time
+    batch = np.broadcast_shapes(*(x.shape[:-2] for x in (q, k, v, table, d_output)))
+    q = np.broadcast_to(q, (*batch, *q.shape[-2:]))
+    d_output = np.broadcast_to(d_output, (*batch, *d_output.shape[-2:]))
+    z = table_logits(q, table)
+    scale = q.dtype.type(call.scale)
+    k_t = np.swapaxes(k, -1, -2)
+    dq = np.empty(q.shape, dtype=q.dtype)
+    dk = np.zeros((*batch, call.t_k, k.shape[-1]), dtype=q.dtype)
+    dv = np.zeros((*batch, call.t_k, v.shape[-1]), dtype=q.dtype)
+    d_table = np.zeros((*batch, *table.shape[-2:]), dtype=q.dtype)
+    for a in range(0, call.t_q, ROWS):
+        b = min(a + ROWS, call.t_q)
+        keys = min(call.t_k, b + call.q_offset)
+        scores = np.matmul(q[..., a:b, :], k_t[..., :keys])
+        scores *= scale
+        term, kept = _term(scores, _causal_rows(a, b, keys, call.q_offset), z[..., a:b, :],
+                           table.shape[-2], keep=True)
+        weights = softmax_in_place(scores, scale=1.0, bias=term, causal=True,
+                                   q_offset=call.q_offset + a)
+        del term
+        parts = _backward(q[..., a:b, :], k[..., :keys, :], v[..., :keys, :], table,
+                          kept._replace(weights=weights), d_output[..., a:b, :], scale)
+        dq[..., a:b, :] = parts[0]
+        dk[..., :keys, :] += parts[1]
+        dv[..., :keys, :] += parts[2]
+        d_table += parts[3]
+    return dq, dk, dv, d_table
+
+
+@_register("cope")
+def cope_attention_vjp(q, k, v, table, /, *, d_output, scale=None, mask=None, causal=None,
+                       q_offset=None):
+    if not _ndarrays(q, k, v, table, d_output, mask):
+        return NotImplemented
+    call = cope.cope_call(q, k, v, table, scale=scale, mask=mask, causal=causal,
+                          q_offset=q_offset)
+    check_d_output(d_output, q, call, v.shape[-1], mask=mask)
+    if not _covered("cope", q, call, mask, k, v, d_output, table=table):
+        return NotImplemented
+    if call.causal and mask is None and call.q_offset >= 0:
+        dq, dk, dv, d_table = _causal_vjp_by_blocks(q, k, v, table, call, d_output)
+    else:
+        _, weights, kept = _forward(q, k, v, table, call, mask, keep=True)
+        batch = weights.shape[:-2]
+        dq, dk, dv, d_table = _backward(
+            np.broadcast_to(q, (*batch, *q.shape[-2:])), k, v, table, kept,
+            np.broadcast_to(d_output, (*batch, *d_output.shape[-2:])),
+            q.dtype.type(call.scale))
     return {"q": sum_to(dq, q.shape), "k": sum_to(dk, k.shape), "v": sum_to(dv, v.shape),
             "table": sum_to(d_table, table.shape)}
