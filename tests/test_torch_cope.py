@@ -92,19 +92,35 @@ def test_the_direct_evaluation_equals_the_specification(call, direct_calls):
     np.testing.assert_allclose(out.numpy(), want.numpy(), **TOL[str(want.dtype)[6:]])
 
 
-@given(call=cope_calls(), rows=st.integers(1, 3))
-def test_a_causal_call_by_blocks_of_queries_equals_the_specification(call, rows, direct_calls):
-    # causal, no mask, q_offset >= 0: blocks of `rows` queries against their keys only
+@given(call=cope_calls(), rows=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_a_causal_call_by_blocks_of_queries_equals_the_specification(call, rows, seed,
+                                                                     direct_calls, direct_vjps):
+    # causal, no mask, q_offset >= 0: blocks of `rows` queries against their keys only, the
+    # forward and the VJP
     args, kwargs = call
     kwargs.pop("mask", None)
     kwargs.update(causal=True, q_offset=abs(kwargs["q_offset"]))
-    with mock.patch.object(_torch_cope, "ROWS", rows):
-        direct_calls.clear()
-        out = rp.cope_attention(*args, **kwargs)
     want = _spec(*args, **kwargs)
+    rng = np.random.default_rng(seed)
+    d_output = torch.from_numpy(rng.standard_normal(want.shape)).to(want.dtype)
+    with kernels.disabled():
+        want_g = rp.cope_attention_vjp(*args, **kwargs, d_output=d_output)
+    whole = mock.patch.object(_torch_cope, "_forward", side_effect=AssertionError("whole grid"))
+    with mock.patch.object(_torch_cope, "ROWS", rows), whole:
+        direct_calls.clear()
+        direct_vjps.clear()
+        out = rp.cope_attention(*args, **kwargs)
+        got_g = rp.cope_attention_vjp(*args, **kwargs, d_output=d_output)
     assert len(direct_calls) == 1, "the call did not reach the direct evaluation"
+    assert len(direct_vjps) == 1, "the call did not reach the direct VJP"
     assert out.dtype == want.dtype and out.shape == want.shape
-    np.testing.assert_allclose(out.numpy(), want.numpy(), **TOL[str(want.dtype)[6:]])
+    tol = TOL[str(want.dtype)[6:]]
+    np.testing.assert_allclose(out.numpy(), want.numpy(), **tol)
+    for name, grad in want_g.items():
+        assert got_g[name].dtype == grad.dtype and got_g[name].shape == grad.shape, name
+        scale = max(1.0, float(grad.abs().max()))
+        np.testing.assert_allclose(got_g[name].numpy(), grad.numpy(), rtol=tol["rtol"],
+                                   atol=tol["atol"] * scale, err_msg=name)
 
 
 def test_a_long_causal_call_runs_its_blocks(direct_calls):

@@ -155,42 +155,117 @@ def cope_fused(q: Any, k: Any, v: Any, tables: dict[str, Any], call: Call, mask:
     return _forward(q, k, v, tables["table"], call, mask, keep=False)[0]
 
 
+def _causal_block(q: Any, k_reversed: Any, v_reversed: Any, z: Any, max_pos: int,
+                  rows: tuple[int, int], keys: int, q_offset: int, *,
+                  keep: bool) -> tuple[Any, _Forward | None]:
+    # `_forward`'s steps for queries i0 .. i1 - 1 (`q` scaled, `z` their table logits) against
+    # keys 0 .. keys - 1 (`k_reversed`, `v_reversed`: those keys, reversed), causal: column c
+    # is key keys - 1 - c, allowed where keys - 1 - c <= i + q_offset, so the masked pairs are
+    # in the first i1 - i0 - 1 columns (the block's first row's)
+    i0, i1 = rows
+    scores = torch.matmul(q, k_reversed.mT)
+    edge = min(keys, i1 - i0 - 1)
+    first = keys - 1 - q_offset - torch.arange(i0, i1, device=q.device)[:, None]
+    allowed = torch.arange(edge, device=q.device) >= first
+    gates = torch.sigmoid(scores)
+    gates[..., :edge].mul_(allowed)
+    positions = torch.cumsum(gates, dim=-1)
+    positions.clamp_(max=max_pos - 1)
+    floor = positions.to(torch.int64)
+    weight = positions.frac_()
+    at_floor, at_ceil = _at_floor_and_ceil(z, floor)
+    kept = None
+    if keep:
+        scores.add_(torch.lerp(at_floor, at_ceil, weight))
+        kept = _Forward(None, gates, weight, floor, (at_ceil - at_floor).mul_(weight > 0), None)
+    else:
+        scores.add_(torch.lerp(at_floor, at_ceil, weight, out=weight))
+    del at_floor, at_ceil, positions
+    scores[..., :edge].masked_fill_(~allowed, -math.inf)
+    weights = torch.softmax(scores, dim=-1)
+    out = torch.matmul(weights, v_reversed)
+    return out, None if kept is None else kept._replace(weights=weights)
+
+
+def _causal_operands(q: Any, k: Any, v: Any, table: Any, *rest: Any) -> tuple[Any, ...]:
+    # q (scaled later), k and v reversed, all over the batch of every array; then z = q e^T
+    batch = torch.broadcast_shapes(*(x.shape[:-2] for x in (q, k, v, table, *rest)))
+    q = q.expand(*batch, *q.shape[-2:])
+    return (batch, q, k.flip(-2).expand(*batch, *k.shape[-2:]),
+            v.flip(-2).expand(*batch, *v.shape[-2:]), table_logits(q, table))
+
+
 def _causal_by_blocks(q: Any, k: Any, v: Any, table: Any, call: Call) -> Any:
     # a causal call without a mask, q_offset >= 0 (every row keeps key 0): `_forward`'s steps
     # a block of ROWS queries at a time, against the keys up to the block's last query only
     # (in reversed order, the last columns): about half of the grid at t_q = t_k. The masked
     # gates before a row's first key are 0 in `_forward`'s cumulative sum, so the sums are
     # the same
-    batch = torch.broadcast_shapes(*(x.shape[:-2] for x in (q, k, v, table)))
-    q = q.expand(*batch, *q.shape[-2:])
-    k_reversed = k.flip(-2).expand(*batch, *k.shape[-2:])
-    v_reversed = v.flip(-2).expand(*batch, *v.shape[-2:])
-    z = table_logits(q, table)
+    batch, q, k_reversed, v_reversed, z = _causal_operands(q, k, v, table)
     q = q * call.scale
     out = torch.empty((*batch, call.t_q, v.shape[-1]), dtype=q.dtype, device=q.device)
     for i0 in range(0, call.t_q, ROWS):
         i1 = min(call.t_q, i0 + ROWS)
         keys = min(call.t_k, i1 + call.q_offset)  # keys 0 .. keys - 1: columns t_k - keys ..
-        scores = torch.matmul(q[..., i0:i1, :], k_reversed[..., call.t_k - keys:, :].mT)
-        # column c is key keys - 1 - c, allowed where keys - 1 - c <= i + q_offset: the
-        # masked pairs are in the first i1 - i0 - 1 columns (the block's first row's)
-        edge = min(keys, i1 - i0 - 1)
-        first = keys - 1 - call.q_offset - torch.arange(i0, i1, device=q.device)[:, None]
-        allowed = torch.arange(edge, device=q.device) >= first
-        gates = torch.sigmoid(scores)
-        gates[..., :edge].mul_(allowed)
-        positions = torch.cumsum(gates, dim=-1)
-        del gates
-        positions.clamp_(max=table.shape[-2] - 1)
-        floor = positions.to(torch.int64)
-        weight = positions.frac_()
-        at_floor, at_ceil = _at_floor_and_ceil(z[..., i0:i1, :], floor)
-        scores.add_(torch.lerp(at_floor, at_ceil, weight, out=weight))
-        del at_floor, at_ceil, positions, floor
-        scores[..., :edge].masked_fill_(~allowed, -math.inf)
-        out[..., i0:i1, :] = torch.matmul(torch.softmax(scores, dim=-1),
-                                          v_reversed[..., call.t_k - keys:, :])
+        out[..., i0:i1, :] = _causal_block(
+            q[..., i0:i1, :], k_reversed[..., call.t_k - keys:, :],
+            v_reversed[..., call.t_k - keys:, :], z[..., i0:i1, :], table.shape[-2],
+            (i0, i1), keys, call.q_offset, keep=False)[0]
     return out
+
+
+def _backward(q: Any, k_reversed: Any, v_reversed: Any, table: Any, kept: _Forward,
+              d_output: Any, scale: float) -> tuple[Any, Any, Any, Any]:
+    # (dq, dk, dv, d_table) over the weights' batch, dk and dv of the keys reversed; `q` the
+    # batch's (unscaled), `d_output` with the weights' rows
+    weights = kept.weights
+    dv = torch.matmul(weights.transpose(-1, -2), d_output)
+    d_logits = torch.matmul(d_output, v_reversed.transpose(-1, -2))
+    d_logits.sub_((d_logits * weights).sum(dim=-1, keepdim=True)).mul_(weights)
+    # the table logits: (1 - lambda) at the floor, lambda at the next integer
+    max_pos = table.shape[-2]
+    d_z = torch.zeros(*weights.shape[:-1], max_pos + 1, dtype=q.dtype, device=q.device)
+    at_next = d_logits * kept.weight
+    d_z.scatter_add_(-1, kept.floor, d_logits - at_next)
+    d_z.scatter_add_(-1, kept.floor + 1, at_next)
+    d_z = d_z[..., :max_pos]
+    del at_next
+    # the positions, then the gates: a sum from the end of the reversed row
+    d_gates = torch.cumsum((d_logits * kept.slope).flip(-1), dim=-1).flip(-1)
+    gates = kept.gates
+    d_logits.add_(d_gates.mul_(gates).mul_(1.0 - gates))  # the scaled logits' cotangent
+    del d_gates
+    dq = torch.matmul(d_logits, k_reversed).mul_(scale) + torch.matmul(d_z, table)
+    dk = torch.matmul(d_logits.transpose(-1, -2), q).mul_(scale)
+    d_table = torch.matmul(d_z.transpose(-1, -2), q)
+    return dq, dk, dv, d_table
+
+
+def _causal_vjp_by_blocks(q: Any, k: Any, v: Any, table: Any, call: Call, d_output: Any
+                          ) -> tuple[Any, Any, Any, Any]:
+    # `_causal_by_blocks`'s forward, kept, then `_backward`, a block of ROWS queries at a time
+    batch, q, k_reversed, v_reversed, z = _causal_operands(q, k, v, table, d_output)
+    d_output = d_output.expand(*batch, *d_output.shape[-2:])
+    q_scaled = q * call.scale
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.zeros((*batch, call.t_k, k.shape[-1]), dtype=q.dtype, device=q.device)
+    dv = torch.zeros((*batch, call.t_k, v.shape[-1]), dtype=q.dtype, device=q.device)
+    d_table = torch.zeros((*batch, *table.shape[-2:]), dtype=q.dtype, device=q.device)
+    for i0 in range(0, call.t_q, ROWS):
+        i1 = min(call.t_q, i0 + ROWS)
+        keys = min(call.t_k, i1 + call.q_offset)
+        columns = slice(call.t_k - keys, None)
+        _, kept = _causal_block(q_scaled[..., i0:i1, :], k_reversed[..., columns, :],
+                                v_reversed[..., columns, :], z[..., i0:i1, :],
+                                table.shape[-2], (i0, i1), keys, call.q_offset, keep=True)
+        parts = _backward(q[..., i0:i1, :], k_reversed[..., columns, :],
+                          v_reversed[..., columns, :], table, kept, d_output[..., i0:i1, :],
+                          call.scale)
+        dq[..., i0:i1, :] = parts[0]
+        dk[..., columns, :] += parts[1]
+        dv[..., columns, :] += parts[2]
+        d_table += parts[3]
+    return dq, dk.flip(-2), dv.flip(-2), d_table
 
 
 def cope_vjp_fused(q: Any, k: Any, v: Any, tables: dict[str, Any], call: Call, mask: Any,
@@ -224,34 +299,18 @@ def cope_vjp_fused(q: Any, k: Any, v: Any, tables: dict[str, Any], call: Call, m
     True
     """
     table = tables["table"]
-    _, kept = _forward(q, k, v, table, call, mask, keep=True)
-    weights = kept.weights
-    batch = weights.shape[:-2]
-    if kept.empty is not None:  # a row with no key passes no gradient
-        d_output = torch.where(kept.empty, torch.zeros((), dtype=d_output.dtype,
-                                                       device=d_output.device), d_output)
-    d_output = d_output.expand(*batch, *d_output.shape[-2:])
-    q_full = q.expand(*batch, *q.shape[-2:])
-    v_reversed = v.flip(-2).expand(*batch, *v.shape[-2:])
-    k_reversed = k.flip(-2).expand(*batch, *k.shape[-2:])
-    dv = torch.matmul(weights.transpose(-1, -2), d_output).flip(-2)
-    d_logits = torch.matmul(d_output, v_reversed.transpose(-1, -2))
-    d_logits.sub_((d_logits * weights).sum(dim=-1, keepdim=True)).mul_(weights)
-    # the table logits: (1 - lambda) at the floor, lambda at the next integer
-    max_pos = table.shape[-2]
-    d_z = torch.zeros(*batch, call.t_q, max_pos + 1, dtype=q.dtype, device=q.device)
-    at_next = d_logits * kept.weight
-    d_z.scatter_add_(-1, kept.floor, d_logits - at_next)
-    d_z.scatter_add_(-1, kept.floor + 1, at_next)
-    d_z = d_z[..., :max_pos]
-    del at_next
-    # the positions, then the gates: a sum from the end of the reversed row
-    d_gates = torch.cumsum((d_logits * kept.slope).flip(-1), dim=-1).flip(-1)
-    gates = kept.gates
-    d_logits.add_(d_gates.mul_(gates).mul_(1.0 - gates))  # the scaled logits' cotangent
-    del d_gates
-    dq = torch.matmul(d_logits, k_reversed).mul_(call.scale) + torch.matmul(d_z, table)
-    dk = torch.matmul(d_logits.transpose(-1, -2), q_full).mul_(call.scale).flip(-2)
-    d_table = torch.matmul(d_z.transpose(-1, -2), q_full)
+    if call.causal and mask is None and call.q_offset >= 0:
+        dq, dk, dv, d_table = _causal_vjp_by_blocks(q, k, v, table, call, d_output)
+    else:
+        _, kept = _forward(q, k, v, table, call, mask, keep=True)
+        batch = kept.weights.shape[:-2]
+        if kept.empty is not None:  # a row with no key passes no gradient
+            d_output = torch.where(kept.empty, torch.zeros((), dtype=d_output.dtype,
+                                                           device=d_output.device), d_output)
+        dq, dk, dv, d_table = _backward(
+            q.expand(*batch, *q.shape[-2:]), k.flip(-2).expand(*batch, *k.shape[-2:]),
+            v.flip(-2).expand(*batch, *v.shape[-2:]), table, kept,
+            d_output.expand(*batch, *d_output.shape[-2:]), call.scale)
+        dk, dv = dk.flip(-2), dv.flip(-2)
     return {"q": sum_to_shape(dq, q.shape), "k": sum_to_shape(dk, k.shape),
             "v": sum_to_shape(dv, v.shape), "table": sum_to_shape(d_table, table.shape)}
