@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from _calls import draw_mask
@@ -331,10 +333,11 @@ def test_the_lowering_s_piecewise_mlp_equals_the_unit_sums(data):
                                rtol=0, atol=1e-12)
 
 
-@given(data=st.data())
-def test_the_kernels_mlp_vjp_by_pieces_equals_the_unit_sums(data):
+@given(data=st.data(), row_pairs=st.sampled_from([1, 4, 65536]))
+def test_the_kernels_mlp_vjp_by_pieces_equals_the_unit_sums(data, row_pairs):
     # at a breakpoint a unit passes no gradient, as the specification's relu(pre > 0)
     from relpos_ref.gradients import sum_to_shape
+    from relpos_ref.kernels import _fire_vjp
     from relpos_ref.kernels._fire_vjp import mlp_vjp_by_pieces
     from relpos_ref.schemes._fire_mlp import _tables, mlp_vjp
 
@@ -346,8 +349,9 @@ def test_the_kernels_mlp_vjp_by_pieces_equals_the_unit_sums(data):
     want = mlp_vjp(x, d_out, w1, b1, w2)
     tw1, tb1, tw2, _ = _tables(w1, b1, w2, None)
     hidden = max(tw1.shape[0], tb1.shape[0])
-    got = mlp_vjp_by_pieces(x, d_out, *(np.broadcast_to(t, (hidden, t.shape[1]))
-                                        for t in (tw1, tb1)), tw2)
+    with mock.patch.object(_fire_vjp, "ROW_PAIRS", row_pairs):  # rows 1 or 2 at a time, or all
+        got = mlp_vjp_by_pieces(x, d_out, *(np.broadcast_to(t, (hidden, t.shape[1]))
+                                            for t in (tw1, tb1)), tw2)
     np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-12, err_msg="x")
     for name, g, w, shape in (("w1", got[1], want[1], tw1.shape), ("b1", got[2], want[2],
                               tb1.shape), ("w2", got[3], want[3], tw2.shape)):

@@ -30,11 +30,14 @@ from ..gradients import sum_to_shape
 from ..schemes import fire
 from ..schemes._fire_mlp import _tables
 
-__all__ = ["SUM_CHUNK", "mlp_vjp_by_pieces", "table_gradients", "tables_from_unit_gradients",
-           "unit_gradients"]
+__all__ = ["ROW_PAIRS", "SUM_CHUNK", "mlp_vjp_by_pieces", "table_gradients",
+           "tables_from_unit_gradients", "unit_gradients"]
 
 #: Pairs summed by segment in the call's dtype (torch) before the sum goes on in float64.
 SUM_CHUNK = 16384
+
+#: Pairs of a chunk of rows whose (H, pairs) temporaries `mlp_vjp_by_pieces` holds at once.
+ROW_PAIRS = 65536
 
 
 def _sums_by_segment(xp: Any, segment: Any, weights: Any, n_seg: int) -> Any:
@@ -116,15 +119,27 @@ def mlp_vjp_by_pieces(x: Any, d_out: Any, w1: Any, b1: Any, w2: Any
     xp = _xp.array_namespace(x, d_out, w1)
     heads = w2.shape[0]
     found = units(w1, b1, w2)
-    flat = xp.reshape(x, (-1,))
-    segment = segments(xp, found.u, flat)
     n_seg = found.segments.shape[0]
-    d_flat = xp.reshape(d_out, (heads, -1))
     a = live_sums(found, found.slope)  # each pair's slope A, as the forward reads it
-    d_x = xp.reshape(xp.sum(d_flat * xp.take(a, segment, axis=1), axis=0), x.shape)
-    d_a = xp.astype(_sums_by_segment(xp, segment, d_flat * flat, n_seg), x.dtype)
-    d_b = xp.astype(_sums_by_segment(xp, segment, d_flat, n_seg), x.dtype)
-    return (d_x, *unit_gradients(found, d_a, d_b, w1, b1, w2))
+    d_a = d_b = None
+    d_x = []
+    # a chunk of rows at a time: (H, pairs) temporaries of ROW_PAIRS pairs, not of the grid
+    step = max(1, ROW_PAIRS // max(1, x.shape[-1]))
+    for start in range(0, x.shape[0], step):
+        flat = xp.reshape(x[start:start + step, ...], (-1,))
+        segment = segments(xp, found.u, flat)
+        d_flat = xp.reshape(d_out[:, start:start + step, ...], (heads, -1))
+        d_x.append(xp.reshape(xp.sum(d_flat * xp.take(a, segment, axis=1), axis=0),
+                              (-1, x.shape[-1])))
+        sums = (_sums_by_segment(xp, segment, d_flat * flat, n_seg),
+                _sums_by_segment(xp, segment, d_flat, n_seg))
+        d_a, d_b = sums if d_a is None else (d_a + sums[0], d_b + sums[1])
+    d_x = xp.concat(d_x, axis=0) if d_x else xp.zeros(x.shape, dtype=x.dtype,
+                                                          device=_xp.device(x))
+    if d_a is None:
+        d_a = d_b = xp.zeros((heads, n_seg), dtype=x.dtype, device=_xp.device(x))
+    return (d_x, *unit_gradients(found, xp.astype(d_a, x.dtype), xp.astype(d_b, x.dtype),
+                                 w1, b1, w2))
 
 
 def tables_from_unit_gradients(d_w1: Any, d_b1: Any, d_w2: Any, tables: dict[str, Any]
