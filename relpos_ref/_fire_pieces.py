@@ -268,9 +268,10 @@ def input_factors(t_q: int, t_k: int, *, c: Any, L: Any, eps: float, q_offset: i
     operations): :math:`\psi(|p_i - j|)` depends on the pair through the
     distance alone, one entry per distance, and the normaliser on the row
     alone. The first `shared` rows have one normaliser, :math:`\psi(|L|) +
-    \epsilon`: their inputs are a function of the distance. ``None`` where a
-    normaliser is 0 or an input is not finite (the specification's NaN and
-    infinite inputs, which the kernels leave to it).
+    \epsilon`: their inputs are a function of the distance. ``None`` where an
+    input is not finite in `dtype` (a normaliser of 0, or one so small that an
+    input overflows: the specification's NaN and infinite inputs, which the
+    kernels leave to it).
 
     Examples
     --------
@@ -290,8 +291,12 @@ def input_factors(t_q: int, t_k: int, *, c: Any, L: Any, eps: float, q_offset: i
     distances = xp.abs(offset)
     logs = xp.log1p(rows["u"] * distances)
     norms = rows["n"]
-    if not bool(xp.all(xp.isfinite(logs)) & xp.all(xp.isfinite(norms))
-                & xp.all(norms != 0.0)):
+    # every |x| is at most the largest log over the smallest |normaliser|, rounded to `dtype`
+    # as x is: finite there, every x is (a tiny normaliser makes x overflow, not only 0)
+    if not bool(xp.all(xp.isfinite(logs)) & xp.all(xp.isfinite(norms))):
+        return None
+    if t_q and t_k and not bool(xp.isfinite(xp.astype(xp.max(logs) / xp.min(xp.abs(norms)),
+                                                      dtype))):
         return None
     shared = int(xp.sum(xp.astype(rows["p"] <= rows["big_l"], idx)))
     return InputFactors(distances, logs, rows, shared)

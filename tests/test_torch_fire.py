@@ -162,9 +162,9 @@ def test_16_bit_calls_run_in_float32_and_return_their_dtype(dtype, direct_calls)
                                rtol=0, atol=float(torch.finfo(dtype).eps) * 4)
 
 
-def test_a_normaliser_of_0_goes_through_the_lowering(direct_calls):
+def test_a_normaliser_of_0_goes_to_the_specification(direct_calls):
     # L = eps = 0: query 0 (position 0) divides by log(1) = 0, the specification's NaN and
-    # infinite inputs; the direct path hands the call on
+    # infinite inputs; the direct path hands the call back
     q, k, v = (torch.randn(2, 4, 3, dtype=torch.float64) for _ in range(3))
     w1, b1, w2 = (torch.randn(s, dtype=torch.float64) for s in ((3, 1), (3,), (2, 3)))
     out = rp.fire_attention(q, k, v, w1, b1, w2, L=0.0, eps=0.0)
@@ -180,3 +180,64 @@ def test_a_differentiated_call_goes_through_the_lowering(direct_calls):
     b1, w2 = torch.randn(3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
     rp.fire_attention(q, k, v, w1, b1, w2).sum().backward()
     assert not direct_calls and w1.grad is not None and torch.isfinite(w1.grad).all()
+
+
+def test_the_vjp_sums_by_chunks_of_pairs_and_of_rows(monkeypatch, direct_vjps):
+    # chunks of 3 pairs for the sums by segment and of one row for the MLP's backward
+    from relpos_ref.kernels import _fire_vjp
+
+    monkeypatch.setattr(_fire_vjp, "SUM_CHUNK", 3)
+    monkeypatch.setattr(_fire_vjp, "ROW_PAIRS", 5)
+    g = torch.Generator().manual_seed(1)
+    q, k, v, d_output = torch.randn(4, 2, 9, 4, generator=g, dtype=torch.float64).unbind(0)
+    w1, b1 = torch.randn(2, 5, 1, dtype=torch.float64), torch.randn(2, 5, dtype=torch.float64)
+    w2 = torch.randn(2, 5, dtype=torch.float64)
+    got = rp.fire_attention_vjp(q, k, v, w1, b1, w2, d_output=d_output, L=4.0, causal=False)
+    with kernels.disabled():
+        want = rp.fire_attention_vjp(q, k, v, w1, b1, w2, d_output=d_output, L=4.0,
+                                     causal=False)
+    assert len(direct_vjps) == 1
+    for name, grad in want.items():
+        np.testing.assert_allclose(got[name].numpy(), grad.numpy(), rtol=1e-10, atol=1e-12,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_vjps_run_in_float32_and_return_their_dtypes(dtype, direct_vjps):
+    g = torch.Generator().manual_seed(2)
+    q, k, v, d_output = torch.randn(4, 2, 6, 4, generator=g).unbind(0)
+    w1, b1, w2 = torch.randn(3, 1, generator=g), torch.randn(3, generator=g), torch.randn(2, 3)
+    args = [x.to(dtype) for x in (q, k, v, w1, b1, w2)]
+    got = rp.fire_attention_vjp(*args, d_output=d_output.to(dtype), L=2.0)
+    assert len(direct_vjps) == 1 and direct_vjps[0][0].dtype == torch.float32
+    with kernels.disabled():
+        want = rp.fire_attention_vjp(*(x.float() for x in args), d_output=d_output.to(dtype)
+                                     .float(), L=2.0)
+    for name, grad in want.items():
+        assert got[name].dtype == dtype, name
+        np.testing.assert_allclose(got[name].float().numpy(), grad.to(got[name].dtype)
+                                   .float().numpy(), rtol=2e-2, atol=2e-2, err_msg=name)
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+@pytest.mark.parametrize("options", [{"L": 0.0, "eps": 1e-300, "causal": False},
+                                     {"L": 1e-300, "eps": 0.0, "q_offset": -1}])
+def test_an_input_that_overflows_is_the_specifications(library, options):
+    # a normaliser tiny but not 0 makes x infinite in float32: relu(1 - x) is 0 there in the
+    # specification, where A x + B would be NaN; the kernels hand such a call back
+    rng = np.random.default_rng(0)
+    q, k, v, d_output = (rng.standard_normal((1, 4, 3)).astype(np.float32) for _ in range(4))
+    mlp = [np.asarray(a, np.float32) for a in ([[-1.0]], [1.0], [[1.0]])]
+    args = [q, k, v, *mlp]
+    if library == "torch":
+        args, d_output = [torch.from_numpy(a) for a in args], torch.from_numpy(d_output)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # the specification
+        with kernels.disabled():
+            want = rp.fire_attention(*args, **options)
+            want_g = rp.fire_attention_vjp(*args, d_output=d_output, **options)
+        got = rp.fire_attention(*args, **options)
+        got_g = rp.fire_attention_vjp(*args, d_output=d_output, **options)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+    for name, grad in want_g.items():
+        np.testing.assert_allclose(np.asarray(got_g[name]), np.asarray(grad), rtol=1e-5,
+                                   atol=1e-6, err_msg=name)

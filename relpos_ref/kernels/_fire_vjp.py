@@ -121,11 +121,12 @@ def mlp_vjp_by_pieces(x: Any, d_out: Any, w1: Any, b1: Any, w2: Any
     found = units(w1, b1, w2)
     n_seg = found.segments.shape[0]
     a = live_sums(found, found.slope)  # each pair's slope A, as the forward reads it
-    d_a = d_b = None
+    d_a = d_b = 0.0
     d_x = []
     # a chunk of rows at a time: (H, pairs) temporaries of ROW_PAIRS pairs, not of the grid
+    # (one chunk, empty, where x has no row)
     step = max(1, ROW_PAIRS // max(1, x.shape[-1]))
-    for start in range(0, x.shape[0], step):
+    for start in range(0, max(1, x.shape[0]), step):
         flat = xp.reshape(x[start:start + step, ...], (-1,))
         segment = segments(xp, found.u, flat)
         d_flat = xp.reshape(d_out[:, start:start + step, ...], (heads, -1))
@@ -133,13 +134,10 @@ def mlp_vjp_by_pieces(x: Any, d_out: Any, w1: Any, b1: Any, w2: Any
                               (-1, x.shape[-1])))
         sums = (_sums_by_segment(xp, segment, d_flat * flat, n_seg),
                 _sums_by_segment(xp, segment, d_flat, n_seg))
-        d_a, d_b = sums if d_a is None else (d_a + sums[0], d_b + sums[1])
-    d_x = xp.concat(d_x, axis=0) if d_x else xp.zeros(x.shape, dtype=x.dtype,
-                                                          device=_xp.device(x))
-    if d_a is None:
-        d_a = d_b = xp.zeros((heads, n_seg), dtype=x.dtype, device=_xp.device(x))
-    return (d_x, *unit_gradients(found, xp.astype(d_a, x.dtype), xp.astype(d_b, x.dtype),
-                                 w1, b1, w2))
+        d_a, d_b = d_a + sums[0], d_b + sums[1]
+    return (xp.concat(d_x, axis=0),
+            *unit_gradients(found, xp.astype(d_a, x.dtype), xp.astype(d_b, x.dtype), w1, b1,
+                            w2))
 
 
 def tables_from_unit_gradients(d_w1: Any, d_b1: Any, d_w2: Any, tables: dict[str, Any]

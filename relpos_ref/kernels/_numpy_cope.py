@@ -25,8 +25,13 @@ an integer position, so where clamped), the gates' by a cumulative sum (the
 transpose of the sums from the end) and the scaled logits'
 :math:`\bar c + \bar g\, g (1 - g)`, which reach ``q`` and ``k`` by one
 product each. Memory: a few ``(..., t_q, t_k)`` arrays, as the
-specification's. What the kernels cover, and hand back, is what
-`relpos_ref.kernels._numpy_vjps` says of every kernel.
+specification's. A causal call without a mask (``q_offset >= 0``) runs
+both a block of `ROWS` queries at a time against the keys up to the
+block's last query only (about half of the grid at ``t_q = t_k``; a gate
+after a row's query is 0, so the sums from the end of each row are the
+whole grid's), each block's arrays kept for its own backward pass. What the
+kernels cover, and hand back, is what `relpos_ref.kernels._numpy_vjps` says
+of every kernel.
 """
 
 from __future__ import annotations

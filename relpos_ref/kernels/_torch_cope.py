@@ -29,7 +29,8 @@ gets zeros. Memory: a few ``(..., t_q, t_k)`` arrays, as the lowering's.
 A causal call without a mask (``q_offset >= 0``, so every row keeps a key)
 runs the same steps a block of `ROWS` queries at a time, against the keys up
 to the block's last query only: about half of the grid at ``t_q = t_k``, and
-arrays of ``ROWS`` rows. The VJP kernel keeps the whole grid's arrays.
+arrays of ``ROWS`` rows; so does the VJP kernel, each block's forward arrays
+kept for that block's backward pass (the whole grid's for any other call).
 """
 
 from __future__ import annotations

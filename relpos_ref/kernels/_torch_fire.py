@@ -19,11 +19,14 @@ MLP's breakpoints, two coefficients gathered per pair and head
 
 The rows are made in reverse order (row ``w`` holds query ``t_q - 1 - w``):
 query ``i``'s window of distances then starts at ``t_q - 1 - i``, so that the
-windows are one strided view (torch has no negative strides). SDPA takes the
-queries reversed too (a copy of ``q``, not of the bias) and its output is
-reversed back. Each pair's ``x`` is the specification's: ``psi(|p_i - j|)``
-is the same function of the distance wherever it is computed, divided by the
-same normaliser in float64 and rounded once.
+windows are one strided view (torch has no negative strides). A causal call
+without a mask (``q_offset >= 0``) gives SDPA the queries reversed too (a
+copy of ``q``, not of the bias) and reverses its output back; any other
+call, and the VJP, reverse the bias's rows back (one copy of it) and let
+`relpos_ref.kernels._torch_sdpa.sdpa_terms` mask. Each pair's ``x`` is the
+specification's: ``psi(|p_i - j|)`` is the same function of the distance
+wherever it is computed, divided by the same normaliser in float64 and
+rounded once.
 
 The VJP is torch's autograd through that one SDPA call (the bias a leaf),
 and the bias's cotangent goes back through the MLP by its pieces
@@ -112,8 +115,6 @@ def fire_bias_reversed(named: dict[str, Any], call: Call, *, masked: bool) -> An
         if masked:  # keys after this block's last query (row w0) are masked in every row
             keys = min(t_k, max(0, t_q - w0 + q_offset))
             out[:, w0:w1_, keys:] = -math.inf
-        if keys == 0:
-            continue
         # (the division's result may come in the overlapping windows' column order)
         x = (windows[w0:w1_, :keys] / norm[w0:w1_, None]).to(dtype).contiguous()
         segment = segments(xp, bounds, x)
@@ -137,7 +138,8 @@ def fire_fused(q: Any, k: Any, v: Any, named: dict[str, Any], call: Call, mask: 
     `named`: the tables and the options given (`fire_bias_reversed`).
 
     ``NotImplemented`` where the MLP's input is not finite (``c``, ``L`` and
-    ``eps`` make a normaliser 0): the lowering evaluates that unit by unit.
+    ``eps`` make a normaliser 0 or tiny): the specification evaluates that unit
+    by unit.
 
     Examples
     --------

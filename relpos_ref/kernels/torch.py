@@ -108,7 +108,7 @@ BLOCKED_KERNELS: dict[str, Callable[..., Any]] = {}
 
 #: Scheme name -> its evaluation without the lowering, for calls no gradient is taken of:
 #: ``(q, k, v, named, call, mask) -> out`` (CoPE: one product of q and k, not two), ``named``
-#: the tables and the options given; ``NotImplemented``: the lowering evaluates the call.
+#: the tables and the options given; ``NotImplemented``: the specification evaluates it.
 DIRECT: dict[str, Callable[..., Any]] = {"cope": cope_fused, "fire": fire_fused,
                                          "forgetting": forgetting_fused}
 
@@ -265,6 +265,11 @@ def attend(form: DistanceForm, *, fused: bool, flipped: tuple[Any, Any] | None =
     return form_attention(form, flipped)
 
 
+def _given_options(options: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    # the options the caller passed, as passed
+    return {n: given[n] for n in options if n in given}
+
+
 def _rotated_bounded(entry: Any, call: Call, options: dict[str, Any], q: Any, k: Any) -> bool:
     # RoPE's rotated operands carry its attention factor (YaRN, LongRoPE): bound the logits
     # from them, not from the 2|x| a plain rotation gives
@@ -297,9 +302,10 @@ def _kernel(name: str) -> Callable[..., Any]:
             return NotImplemented
         fused = _FIRST_ORDER.get() or not _differentiated(arguments.floating)
         if name in DIRECT and fused and not _FIRST_ORDER.get():
-            out = DIRECT[name](q, k, v, {**named, **options}, call, mask)
-            if out is not NotImplemented:
-                return out
+            # the options as given (the checks make c and L arrays of q's dtype, for the
+            # gradients: the specification reads python numbers in float64)
+            return DIRECT[name](q, k, v, {**named, **_given_options(options, given)}, call,
+                                mask)
         form = lowered(entry, q, k, v, named, call, options, mask=mask, terms=arguments.terms)
         if _FIRST_ORDER.get() and not by_sdpa(form):
             fused = False  # autograd runs through it: not the block engine's in-place steps
@@ -341,8 +347,8 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
             return NotImplemented
         if name in DIRECT_VJP:
             return DIRECT_VJP[name](given["q"], given["k"], given["v"],
-                                    {**arguments.tables, **options}, call, given.get("mask"),
-                                    d_output)
+                                    {**arguments.tables, **_given_options(options, given)},
+                                    call, given.get("mask"), d_output)
         # every floating argument, and array options completed by the checks (ALiBi's
         # slopes when not given: the specification returns their gradient too); integer
         # ones (RoPE's positions) are no leaves
