@@ -40,7 +40,7 @@ import math
 from typing import Any, NamedTuple
 
 from . import _xp
-from .schemes import fire
+from .schemes import _fire_inputs
 from .schemes._fire_mlp import _tables, mlp_output
 
 __all__ = ["InputFactors", "Units", "broadcast_tables", "input_factors", "live_sums",
@@ -283,9 +283,9 @@ def input_factors(t_q: int, t_k: int, *, c: Any, L: Any, eps: float, q_offset: i
     >>> float(f.logs[0] / f.norms[1])  # ... and key 0 at distance 2: log 3 / log 3
     1.0
     """
-    wide = fire._wide(xp, dtype, device, t_q, t_k, q_offset)
+    wide = _fire_inputs._wide(xp, dtype, device, t_q, t_k, q_offset)
     idx = _xp.index_dtype(xp, device)
-    rows = fire._row_parts(xp, t_q, c, L, eps, q_offset, wide, device)
+    rows = _fire_inputs._row_parts(xp, t_q, c, L, eps, q_offset, wide, device)
     offset = xp.astype(xp.arange(t_q + t_k - 1, dtype=idx, device=device)
                        - (t_q - 1 + q_offset), wide)
     distances = xp.abs(offset)

@@ -27,7 +27,7 @@ from typing import Any
 from .. import _xp
 from .._fire_pieces import broadcast_tables, live_sums, segments, units
 from ..gradients import sum_to_shape
-from ..schemes import fire
+from ..schemes import _fire_inputs
 from ..schemes._fire_mlp import _tables
 
 __all__ = ["ROW_PAIRS", "SUM_CHUNK", "mlp_vjp_by_pieces", "table_gradients",
@@ -167,15 +167,15 @@ def table_gradients(x: Any, d_bias: Any, tables: dict[str, Any], parts: dict[str
     cotangent of the bias as `relpos_ref.schemes.fire.fire_bias` shapes it
     (``(H, t_q, t_k)`` where a table has a head axis, else ``(t_q, t_k)``),
     `tables` ``w1``, ``b1``, ``w2`` and ``b2`` when given (finite), `parts` the
-    specification's pieces of ``x`` in its wide dtype (`fire._parts`). Returns
+    specification's pieces of ``x`` in its wide dtype (`_fire_inputs._parts`). Returns
     ``w1``, ``b1``, ``w2``, ``b2`` (when given: zeros; softmax takes a row's
     constant away), ``c`` and ``L``, each of its argument's shape and dtype.
 
     Examples
     --------
     >>> import numpy as np
-    >>> from relpos_ref.schemes import fire
-    >>> parts = fire._parts(np, 1, 2, 1.0, 1.0, 0.0, 1, np.float64, None)
+    >>> from relpos_ref.schemes import _fire_inputs
+    >>> parts = _fire_inputs._parts(np, 1, 2, 1.0, 1.0, 0.0, 1, np.float64, None)
     >>> x = parts["x"]  # keys at distances 1 and 0: log 2 / log 2, 0
     >>> tables = {"w1": np.ones((1, 1)), "b1": np.zeros(1), "w2": np.ones((1, 1))}
     >>> g = table_gradients(x, np.ones((1, 2)), tables, parts, 1.0, 1.0, np.float64)
@@ -187,8 +187,8 @@ def table_gradients(x: Any, d_bias: Any, tables: dict[str, Any], parts: dict[str
     w1, b1, w2, _ = broadcast_tables(*(tables.get(n) for n in ("w1", "b1", "w2", "b2")))
     d_x, d_w1, d_b1, d_w2 = mlp_vjp_by_pieces(x, d_out, w1, b1,
                                               xp.broadcast_to(w2, (d_out.shape[0], w2.shape[1])))
-    d_c, d_l = fire._parameter_gradients(xp, parts, xp.astype(d_x, parts["x"].dtype), c, L)
+    d_c, d_l = _fire_inputs._parameter_gradients(xp, parts, xp.astype(d_x, parts["x"].dtype), c, L)
     out = tables_from_unit_gradients(d_w1, d_b1, d_w2, tables)
-    out["c"] = fire._like(xp, d_c, c, dtype)
-    out["L"] = fire._like(xp, d_l, L, dtype)
+    out["c"] = _fire_inputs._like(xp, d_c, c, dtype)
+    out["L"] = _fire_inputs._like(xp, d_l, L, dtype)
     return out

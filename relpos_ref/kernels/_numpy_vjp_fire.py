@@ -9,7 +9,7 @@ cotangent :math:`\bar b` it keeps, by segment, the sums of :math:`\bar b x`
 and :math:`\bar b` (one ``bincount`` each, in float64), and the input's
 cotangent :math:`\bar x = \sum_h \bar b_h A_h`, whose sums along each row
 against :math:`\partial A / \partial c` and against :math:`A` carry it to
-``c`` and ``L`` (`relpos_ref.schemes.fire._gradients_from_row_sums`).
+``c`` and ``L`` (`relpos_ref.schemes._fire_inputs._gradients_from_row_sums`).
 `relpos_ref.kernels._fire_vjp` takes the sums by segment to the tables. What
 it covers, and hands back, is what `relpos_ref.kernels._numpy_vjps` says of
 every kernel, and an input ``x`` that is not finite (``c`` or ``L`` out of
@@ -25,7 +25,7 @@ import numpy as np
 from .._fire_pieces import broadcast_tables, input_factors, pieces, segments, units
 from ..calls import Call
 from ..gradients import check_d_output
-from ..schemes import fire
+from ..schemes import _fire_inputs, fire
 from ._fire_vjp import tables_from_unit_gradients, unit_gradients
 from ._numpy_blocks import distance_view
 from ._numpy_vjp import Block, Term, backward
@@ -61,8 +61,8 @@ class FireBias(Term):
         self.by_da, self.by_a = np.zeros(t_q), np.zeros(t_q)
         rows = factors.rows
         self.logs = distance_view(factors.logs, t_q, t_k)
-        self.da = distance_view(fire._distance_derivative(np, factors.distances, rows["u"], c),
-                                t_q, t_k)
+        da = _fire_inputs._distance_derivative(np, factors.distances, rows["u"], c)
+        self.da = distance_view(da, t_q, t_k)
         self.head = 0
         self.rows_now: tuple[int, int, int] | None = None
         self.slope_now: np.ndarray | None = None
@@ -127,7 +127,7 @@ def fire_attention_vjp(
     d_w1, d_b1, d_w2 = unit_gradients(found, term.d_a.astype(q.dtype),
                                       term.d_b.astype(q.dtype), bw1, bb1, bw2)
     more = tables_from_unit_gradients(d_w1, d_b1, d_w2, tables)
-    d_c, d_l = fire._gradients_from_row_sums(np, factors.rows, term.by_da, term.by_a, c, L)
-    more["c"] = fire._like(np, d_c, c, q.dtype)
-    more["L"] = fire._like(np, d_l, L, q.dtype)
+    d_c, d_l = _fire_inputs._gradients_from_row_sums(np, factors.rows, term.by_da, term.by_a, c, L)
+    more["c"] = _fire_inputs._like(np, d_c, c, q.dtype)
+    more["L"] = _fire_inputs._like(np, d_l, L, q.dtype)
     return _grads(q, k, v, core, **more)

@@ -43,7 +43,7 @@ import torch
 from .. import _xp
 from .._fire_pieces import input_factors, pieces, segments
 from ..calls import Call
-from ..schemes import fire
+from ..schemes import _fire_inputs, fire
 from ._fire_vjp import table_gradients
 from ._torch_sdpa import Terms, sdpa_terms
 
@@ -196,8 +196,9 @@ def fire_vjp_fused(q: Any, k: Any, v: Any, named: dict[str, Any], call: Call, ma
         return NotImplemented
     c, big_l, eps, _ = _given(named)
     xp = _xp.array_namespace(q)
-    wide = fire._wide(xp, q.dtype, q.device, call.t_q, call.t_k, call.q_offset)
-    parts = fire._parts(xp, call.t_q, call.t_k, c, big_l, eps, call.q_offset, wide, q.device)
+    wide = _fire_inputs._wide(xp, q.dtype, q.device, call.t_q, call.t_k, call.q_offset)
+    parts = _fire_inputs._parts(xp, call.t_q, call.t_k, c, big_l, eps, call.q_offset, wide,
+                                q.device)
     leaves = [x.detach().requires_grad_(True)
               for x in (q, k, v, _shaped(bias, named).flip(-2))]
     with torch.enable_grad():
