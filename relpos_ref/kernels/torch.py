@@ -67,12 +67,10 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
-from torch.autograd.forward_ad import unpack_dual
 
 from .. import catalog
 from .._adapters import Terms
@@ -85,8 +83,16 @@ from ._blocked_rows import (
     blocked_rows,
     check_blocked_arguments,
 )
-from ._overflow import limit, logit_bound
 from ._torch_cope import cope_fused, cope_vjp_fused
+from ._torch_cover import (
+    all_tensors,
+    bounded,
+    differentiated,
+    finite,
+    is_array,
+    one_device,
+    traced,
+)
 from ._torch_fire import fire_fused, fire_vjp_fused
 from ._torch_forgetting import forgetting_fused, forgetting_vjp_fused
 from ._torch_form import fits, form_attention
@@ -124,66 +130,6 @@ _FIRST_ORDER: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "relpos_torch_first_order", default=False)
 
 
-def _tensors(*arrays: Any) -> bool:
-    return all(a is None or isinstance(a, torch.Tensor) for a in arrays)
-
-
-def _traced(*arrays: Any) -> bool:
-    # under torch.compile, a CUDA graph's capture (no value may be read back), or a
-    # tensor wrapped by a torch.func transform (vmap, grad)
-    if torch.compiler.is_compiling():
-        return True
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return True
-    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-    return any(a is not None and wrapped(a) for a in arrays)
-
-
-def _is_array(x: Any) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype")
-
-
-def _bounded(name: str, call: Call, named: dict[str, Any]) -> bool:
-    # Whether every floating array of `named` (by argument name) is finite and no logit
-    # of the call can overflow, from their largest magnitudes (`relpos_ref.kernels._overflow`):
-    # one aminmax per array (1.6 times a sum's time on the CPU), one read back.
-    present = [(n, a) for n, a in named.items()
-               if a is not None and a.dtype.is_floating_point and a.numel()]
-    if not present:
-        return True
-    with torch.no_grad():
-        extremes = torch.stack([torch.stack(torch.aminmax(a)).to(present[0][1].dtype)
-                                for _, a in present])
-        values = extremes.abs().amax(dim=-1).tolist()
-    magnitude = dict(zip((n for n, _ in present), values, strict=True))
-    if not all(math.isfinite(x) for x in values):
-        return False
-    w_r = named.get("w_r")
-    bound = logit_bound(name, {"q": 0.0, "k": 0.0, **magnitude}, d=call.d, scale=call.scale,
-                        d_model=0 if w_r is None else w_r.shape[-2])
-    info = torch.finfo(present[0][1].dtype)
-    return bound <= limit(info.max, info.eps)
-
-
-def _finite(arrays: list[Any]) -> bool:
-    # Whether every entry is finite, or (rarely) a sum overflowed: a sum is finite only
-    # when every entry is, and a sum is 100 times faster than torch.isfinite(a).all() on
-    # the CPU. A false "no" only hands the call to the specification. One read back.
-    with torch.no_grad():
-        sums = [a.sum() for a in arrays if a is not None and a.numel()]
-        return not sums or bool(torch.isfinite(torch.stack(sums)).all())
-
-
-def _one_device(arrays: list[Any]) -> bool:
-    return len({a.device for a in arrays if a is not None}) <= 1
-
-
-def _differentiated(arrays: list[Any]) -> bool:
-    # autograd records the call (a gradient may be taken twice), or a forward-mode dual
-    recorded = torch.is_grad_enabled() and any(a.requires_grad for a in arrays)
-    return recorded or any(unpack_dual(a).tangent is not None for a in arrays)
-
-
 class _Arguments(NamedTuple):
     """A call's arguments by name, as a kernel reads them."""
 
@@ -205,8 +151,8 @@ def _arguments(entry: Any, signature: inspect.Signature, args: tuple[Any, ...],
     terms = {n: given[n] for n in ("bias", "position") if given.get(n) is not None}
     others = ("d_output", "mask", *(o.name for o in entry.options))
     arrays = [given["q"], given["k"], given["v"], *tables.values(), *terms.values(),
-              *(given[n] for n in others if _is_array(given.get(n)))]
-    if not _tensors(*arrays) or _traced(*arrays) or not _one_device(arrays):
+              *(given[n] for n in others if is_array(given.get(n)))]
+    if not all_tensors(*arrays) or traced(*arrays) or not one_device(arrays):
         return None
     return _Arguments(given, tables, terms, [a for a in arrays if a.dtype.is_floating_point])
 
@@ -276,7 +222,7 @@ def _rotated_bounded(entry: Any, call: Call, options: dict[str, Any], q: Any, k:
     if entry.rotate is None:
         return True
     q_rot, k_rot = entry.rotate(q, k, q_offset=call.q_offset, options=options)
-    return _bounded("plain", call, {"q": q_rot, "k": k_rot})
+    return bounded("plain", call, {"q": q_rot, "k": k_rot})
 
 
 def _kernel(name: str) -> Callable[..., Any]:
@@ -295,12 +241,12 @@ def _kernel(name: str) -> Callable[..., Any]:
         if (given.get("return_weights", False) is not False
                 or given.get("method", "efficient") != "efficient"
                 or 0 in (call.t_q, call.t_k, q.shape[-1])
-                or not _bounded(name, call, {"q": q, "k": k, "v": v, **named, **arguments.terms,
+                or not bounded(name, call, {"q": q, "k": k, "v": v, **named, **arguments.terms,
                                              **{n: a for n, a in options.items()
-                                                if _is_array(a)}})
+                                                if is_array(a)}})
                 or not _rotated_bounded(entry, call, options, q, k)):
             return NotImplemented
-        fused = _FIRST_ORDER.get() or not _differentiated(arguments.floating)
+        fused = _FIRST_ORDER.get() or not differentiated(arguments.floating)
         if name in DIRECT and fused and not _FIRST_ORDER.get():
             # the options as given (the checks make c and L arrays of q's dtype, for the
             # gradients: the specification reads python numbers in float64)
@@ -325,7 +271,7 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
         arguments = _arguments(entry, signature, args, kwargs)
         if arguments is None:
             return NotImplemented
-        if _differentiated(arguments.floating):
+        if differentiated(arguments.floating):
             return NotImplemented  # the specification's gradients are differentiable
         if torch.is_inference_mode_enabled() or any(a.is_inference()
                                                     for a in arguments.floating):
@@ -335,14 +281,14 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
         given = dict(arguments.given)
         d_output = given.pop("d_output")
         check_d_output(d_output, given["q"], call, given["v"].shape[-1], mask=given.get("mask"))
-        if not _finite([d_output]):
+        if not finite([d_output]):
             return NotImplemented  # a NaN for a row with no key reaches dv in the specification
         if (given.get("method", "efficient") != "efficient"
                 or 0 in (call.t_q, call.t_k, given["q"].shape[-1])
-                or not _bounded(name, call, {"q": given["q"], "k": given["k"], "v": given["v"],
+                or not bounded(name, call, {"q": given["q"], "k": given["k"], "v": given["v"],
                                              **arguments.tables, **arguments.terms,
                                              **{n: a for n, a in options.items()
-                                                if _is_array(a)}})
+                                                if is_array(a)}})
                 or not _rotated_bounded(entry, call, options, given["q"], given["k"])):
             return NotImplemented
         if name in DIRECT_VJP:
@@ -354,7 +300,7 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
         # ones (RoPE's positions) are no leaves
         leaves = {"q": given["q"], "k": given["k"], "v": given["v"], **arguments.tables,
                   **arguments.terms, **{n: a for n, a in options.items()
-                                        if _is_array(a) and a.dtype.is_floating_point}}
+                                        if is_array(a) and a.dtype.is_floating_point}}
         found = None
         if not arguments.terms:
             found = _form_gradients(entry, call, options, leaves, d_output,
@@ -440,17 +386,17 @@ def _blocked_kernel(name: str) -> Callable[..., Any]:
             return NotImplemented  # the specification says what is wrong
         given, arrays = arguments
         q, k, v, mask = given["q"], given["k"], given["v"], given["mask"]
-        if not _tensors(*arrays) or _traced(*arrays) or not _one_device(arrays):
+        if not all_tensors(*arrays) or traced(*arrays) or not one_device(arrays):
             return NotImplemented
         checked = check_blocked_arguments(given)
         call, options, named = checked.call, checked.options, checked.tables
         floating = [a for a in arrays if a.dtype.is_floating_point]
         if (0 in (call.t_q, call.t_k, q.shape[-1])
-                or not _bounded(name, call, {"q": q, "k": k, "v": v, **named,
+                or not bounded(name, call, {"q": q, "k": k, "v": v, **named,
                                              **{n: a for n, a in options.items()
-                                                if _is_array(a)}})):
+                                                if is_array(a)}})):
             return NotImplemented
-        fused = not _differentiated(floating)
+        fused = not differentiated(floating)
         reversed_keys = (k.flip(-2), v.flip(-2))  # once for every tile
 
         def attend_tile(i0: int, i1: int, j1: int) -> Any:
