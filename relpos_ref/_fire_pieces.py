@@ -40,11 +40,11 @@ import math
 from typing import Any, NamedTuple
 
 from . import _xp
-from .schemes import _fire_inputs
+from .schemes import _fire_inputs, fire
 from .schemes._fire_mlp import _tables, mlp_output
 
-__all__ = ["InputFactors", "Units", "broadcast_tables", "input_factors", "live_sums",
-           "mlp_by_pieces", "pieces", "segment_coefficients", "segments", "units"]
+__all__ = ["InputFactors", "Units", "broadcast_tables", "call_options", "input_factors",
+           "live_sums", "mlp_by_pieces", "pieces", "segment_coefficients", "segments", "units"]
 
 
 def _prefix(xp: Any, x: Any) -> Any:
@@ -257,6 +257,17 @@ class InputFactors(NamedTuple):
     def norms(self) -> Any:
         """``(t_q,)`` each row's normaliser :math:`\\psi(\\max(|L|, p_i)) + \\epsilon`."""
         return self.rows["n"]
+
+
+def call_options(named: dict[str, Any]) -> tuple[Any, Any, float]:
+    """``(c, L, eps)`` from the options given in `named`; the specification's defaults else.
+
+    Examples
+    --------
+    >>> call_options({"L": 4.0})
+    (0.1, 4.0, 1e-06)
+    """
+    return named.get("c", 0.1), named.get("L", 512.0), float(named.get("eps", fire.EPS))
 
 
 def input_factors(t_q: int, t_k: int, *, c: Any, L: Any, eps: float, q_offset: int, xp: Any,

@@ -185,8 +185,7 @@ def table_gradients(x: Any, d_bias: Any, tables: dict[str, Any], parts: dict[str
     xp = _xp.array_namespace(x, d_bias)
     d_out = d_bias if d_bias.ndim == 3 else d_bias[None, ...]
     w1, b1, w2, _ = broadcast_tables(*(tables.get(n) for n in ("w1", "b1", "w2", "b2")))
-    d_x, d_w1, d_b1, d_w2 = mlp_vjp_by_pieces(x, d_out, w1, b1,
-                                              xp.broadcast_to(w2, (d_out.shape[0], w2.shape[1])))
+    d_x, d_w1, d_b1, d_w2 = mlp_vjp_by_pieces(x, d_out, w1, b1, w2)
     d_c, d_l = _fire_inputs._parameter_gradients(xp, parts, xp.astype(d_x, parts["x"].dtype), c, L)
     out = tables_from_unit_gradients(d_w1, d_b1, d_w2, tables)
     out["c"] = _fire_inputs._like(xp, d_c, c, dtype)

@@ -139,27 +139,36 @@ def _causal_rows(a: int, b: int, keys: int, q_offset: int) -> np.ndarray:
     return allowed
 
 
-def _causal_by_blocks(q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray,
-                      call: Call) -> np.ndarray:
+def _causal_blocks(q: np.ndarray, k: np.ndarray, table: np.ndarray, call: Call, *,
+                   keep: bool) -> Any:
     # a causal call without a mask, q_offset >= 0 (every row keeps key 0): `_forward`'s steps
     # a block of ROWS queries at a time, against the keys up to the block's last query only
     # (about half of the grid at t_q = t_k); a gate after a row's query is 0 in `_forward`,
-    # so the sums from the end of each row are the same
-    batch = np.broadcast_shapes(*(x.shape[:-2] for x in (q, k, v, table)))
-    q = np.broadcast_to(q, (*batch, *q.shape[-2:]))
+    # so the sums from the end of each row are the same. Yields (a, b, keys, weights, kept)
+    # for queries a .. b - 1 and keys 0 .. keys - 1; `q` has the weights' batch
     z = table_logits(q, table)
     scale = q.dtype.type(call.scale)
     k_t = np.swapaxes(k, -1, -2)
-    out = np.empty((*batch, call.t_q, v.shape[-1]), dtype=q.dtype)
     for a in range(0, call.t_q, ROWS):
         b = min(a + ROWS, call.t_q)
-        keys = min(call.t_k, b + call.q_offset)  # keys 0 .. keys - 1
+        keys = min(call.t_k, b + call.q_offset)
         scores = np.matmul(q[..., a:b, :], k_t[..., :keys])
         scores *= scale
-        term, _ = _term(scores, _causal_rows(a, b, keys, call.q_offset), z[..., a:b, :],
-                        table.shape[-2], keep=False)
+        term, kept = _term(scores, _causal_rows(a, b, keys, call.q_offset), z[..., a:b, :],
+                           table.shape[-2], keep=keep)
         weights = softmax_in_place(scores, scale=1.0, bias=term, causal=True,
                                    q_offset=call.q_offset + a)
+        del term
+        yield a, b, keys, weights, None if kept is None else kept._replace(weights=weights)
+
+
+def _causal_by_blocks(q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray,
+                      call: Call) -> np.ndarray:
+    # `_causal_blocks`' weights times their values
+    batch = np.broadcast_shapes(*(x.shape[:-2] for x in (q, k, v, table)))
+    q = np.broadcast_to(q, (*batch, *q.shape[-2:]))
+    out = np.empty((*batch, call.t_q, v.shape[-1]), dtype=q.dtype)
+    for a, b, keys, weights, _ in _causal_blocks(q, k, table, call, keep=False):
         np.matmul(weights, v[..., :keys, :], out=out[..., a:b, :])
     return out
 
@@ -223,29 +232,18 @@ def _backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray,
 def _causal_vjp_by_blocks(q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray,
                           call: Call, d_output: np.ndarray
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    # `_causal_by_blocks`'s forward, kept, then `_backward`, a block of ROWS queries at a time
+    # `_causal_blocks`' forward, kept, then `_backward`, block by block
     batch = np.broadcast_shapes(*(x.shape[:-2] for x in (q, k, v, table, d_output)))
     q = np.broadcast_to(q, (*batch, *q.shape[-2:]))
     d_output = np.broadcast_to(d_output, (*batch, *d_output.shape[-2:]))
-    z = table_logits(q, table)
     scale = q.dtype.type(call.scale)
-    k_t = np.swapaxes(k, -1, -2)
     dq = np.empty(q.shape, dtype=q.dtype)
     dk = np.zeros((*batch, call.t_k, k.shape[-1]), dtype=q.dtype)
     dv = np.zeros((*batch, call.t_k, v.shape[-1]), dtype=q.dtype)
     d_table = np.zeros((*batch, *table.shape[-2:]), dtype=q.dtype)
-    for a in range(0, call.t_q, ROWS):
-        b = min(a + ROWS, call.t_q)
-        keys = min(call.t_k, b + call.q_offset)
-        scores = np.matmul(q[..., a:b, :], k_t[..., :keys])
-        scores *= scale
-        term, kept = _term(scores, _causal_rows(a, b, keys, call.q_offset), z[..., a:b, :],
-                           table.shape[-2], keep=True)
-        weights = softmax_in_place(scores, scale=1.0, bias=term, causal=True,
-                                   q_offset=call.q_offset + a)
-        del term
-        parts = _backward(q[..., a:b, :], k[..., :keys, :], v[..., :keys, :], table,
-                          kept._replace(weights=weights), d_output[..., a:b, :], scale)
+    for a, b, keys, _, kept in _causal_blocks(q, k, table, call, keep=True):
+        parts = _backward(q[..., a:b, :], k[..., :keys, :], v[..., :keys, :], table, kept,
+                          d_output[..., a:b, :], scale)
         dq[..., a:b, :] = parts[0]
         dk[..., :keys, :] += parts[1]
         dv[..., :keys, :] += parts[2]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .._fire_pieces import input_factors, pieces, segments
+from .._fire_pieces import call_options, input_factors, pieces, segments
 from ..calls import Call
 from ..schemes import fire
 from ._numpy_blocks import AddRows, distance_view
@@ -47,9 +47,9 @@ def add_fire_rows(named: dict[str, Any], call: Call, dtype: Any) -> AddRows | No
     True
     """
     t_q, t_k = call.t_q, call.t_k
-    found = input_factors(t_q, t_k, c=named.get("c", 0.1), L=named.get("L", 512.0),
-                          eps=float(named.get("eps", fire.EPS)), q_offset=call.q_offset,
-                          xp=np, dtype=dtype, device=None)
+    c, big_l, eps = call_options(named)
+    found = input_factors(t_q, t_k, c=c, L=big_l, eps=eps, q_offset=call.q_offset, xp=np,
+                          dtype=dtype, device=None)
     if found is None:
         return None
     bounds, columns = pieces(named["w1"], named["b1"], named["w2"], named.get("b2"))

@@ -74,6 +74,23 @@ class _Forward(NamedTuple):
     empty: Any  # (*batch, t_q, 1) rows with no allowed key, or None
 
 
+def _add_term(scores: Any, gates: Any, z: Any, max_pos: int, *,
+              keep: bool) -> tuple[Any, Any, Any] | None:
+    # CoPE's term added into `scores` (keys reversed) from the gates, 0 where a pair is not
+    # allowed; with `keep`, (weight, floor, slope) for the VJP
+    positions = torch.cumsum(gates, dim=-1)  # sum over the keys t >= j
+    positions.clamp_(max=max_pos - 1)
+    floor = positions.to(torch.int64)  # the floor: positions are not negative
+    weight = positions.frac_()
+    at_floor, at_ceil = _at_floor_and_ceil(z, floor)
+    if not keep:
+        scores.add_(torch.lerp(at_floor, at_ceil, weight, out=weight))
+        return None
+    scores.add_(torch.lerp(at_floor, at_ceil, weight))
+    # d c / d p: 0 at an integer position (ceil = floor), so where clamped too
+    return weight, floor, (at_ceil - at_floor).mul_(weight > 0)
+
+
 def _forward(q: Any, k: Any, v: Any, table: Any, call: Call, mask: Any, *,
              keep: bool) -> tuple[Any, _Forward | None]:
     # the output, and with `keep` what the VJP reads
@@ -94,20 +111,9 @@ def _forward(q: Any, k: Any, v: Any, table: Any, call: Call, mask: Any, *,
     gates = torch.sigmoid(scores)
     if allowed is not None:
         gates.mul_(allowed)
-    positions = torch.cumsum(gates, dim=-1)  # sum over the keys t >= j
-    positions.clamp_(max=table.shape[-2] - 1)
-    floor = positions.to(torch.int64)  # the floor: positions are not negative
-    weight = positions.frac_()
-    at_floor, at_ceil = _at_floor_and_ceil(table_logits(q, table), floor)
-    slope = None
-    if keep:  # d c / d p: 0 at an integer position (ceil = floor), so where clamped too
-        slope = (at_ceil - at_floor).mul_(weight > 0)
-        scores.add_(torch.lerp(at_floor, at_ceil, weight))
-    else:
-        gates = None
-        scores.add_(torch.lerp(at_floor, at_ceil, weight, out=weight))
-        weight = floor = None
-    del at_floor, at_ceil, positions
+    found = _add_term(scores, gates, table_logits(q, table), table.shape[-2], keep=keep)
+    if not keep:
+        gates = None  # not held through the softmax
     if allowed is not None:
         zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
         scores.add_(torch.where(allowed, zero, torch.full((), -math.inf, dtype=scores.dtype,
@@ -117,7 +123,7 @@ def _forward(q: Any, k: Any, v: Any, table: Any, call: Call, mask: Any, *,
     out = torch.matmul(weights, v_reversed)
     if empty is not None:
         out = torch.where(empty, torch.zeros((), dtype=out.dtype, device=out.device), out)
-    kept = _Forward(weights, gates, weight, floor, slope, empty) if keep else None
+    kept = _Forward(weights, gates, *found, empty) if keep else None
     return out, kept
 
 
@@ -170,18 +176,8 @@ def _causal_block(q: Any, k_reversed: Any, v_reversed: Any, z: Any, max_pos: int
     allowed = torch.arange(edge, device=q.device) >= first
     gates = torch.sigmoid(scores)
     gates[..., :edge].mul_(allowed)
-    positions = torch.cumsum(gates, dim=-1)
-    positions.clamp_(max=max_pos - 1)
-    floor = positions.to(torch.int64)
-    weight = positions.frac_()
-    at_floor, at_ceil = _at_floor_and_ceil(z, floor)
-    kept = None
-    if keep:
-        scores.add_(torch.lerp(at_floor, at_ceil, weight))
-        kept = _Forward(None, gates, weight, floor, (at_ceil - at_floor).mul_(weight > 0), None)
-    else:
-        scores.add_(torch.lerp(at_floor, at_ceil, weight, out=weight))
-    del at_floor, at_ceil, positions
+    found = _add_term(scores, gates, z, max_pos, keep=keep)
+    kept = None if found is None else _Forward(None, gates, *found, None)
     scores[..., :edge].masked_fill_(~allowed, -math.inf)
     weights = torch.softmax(scores, dim=-1)
     out = torch.matmul(weights, v_reversed)

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from .. import _xp
-from .._fire_pieces import input_factors, pieces, segments
+from .._fire_pieces import call_options, input_factors, pieces, segments
 from ..calls import Call
 from ..schemes import _fire_inputs, fire
 from ._fire_vjp import table_gradients
@@ -51,12 +51,6 @@ __all__ = ["ROWS", "fire_bias_reversed", "fire_fused", "fire_vjp_fused"]
 
 #: Rows of the bias made at a time where each row has its own normaliser.
 ROWS = 64
-
-
-def _given(named: dict[str, Any]) -> tuple[Any, Any, float, Any]:
-    # c, L, eps and b2 of the call, with the specification's defaults
-    return (named.get("c", 0.1), named.get("L", 512.0), float(named.get("eps", fire.EPS)),
-            named.get("b2"))
 
 
 def fire_bias_reversed(named: dict[str, Any], call: Call, *, masked: bool) -> Any:
@@ -81,7 +75,7 @@ def fire_bias_reversed(named: dict[str, Any], call: Call, *, masked: bool) -> An
     >>> torch.equal(got.flip(-2), fire_bias(w1, b1, w2, 4, 4, L=2.0))
     True
     """
-    c, big_l, eps, b2 = _given(named)
+    c, big_l, eps = call_options(named)
     w1 = named["w1"]
     dtype, device = w1.dtype, w1.device
     xp = _xp.array_namespace(w1)
@@ -93,7 +87,7 @@ def fire_bias_reversed(named: dict[str, Any], call: Call, *, masked: bool) -> An
     # row w (query t_q - 1 - w) reads logs[w + j] at key j, at distance w + j - n_0
     logs, norm, shared = found.logs, found.norms.flip(0), found.shared
     offset = torch.arange(t_q + t_k - 1, device=device) - (t_q - 1 + q_offset)
-    bounds, columns = pieces(w1, named["b1"], named["w2"], b2)
+    bounds, columns = pieces(w1, named["b1"], named["w2"], named.get("b2"))
     heads, future = columns.shape[0] // 2, columns.shape[1]
     # one more segment for a masked pair: A = 0, B = -inf
     columns = torch.cat([columns, torch.cat([torch.zeros(heads, 1, dtype=dtype, device=device),
@@ -194,7 +188,7 @@ def fire_vjp_fused(q: Any, k: Any, v: Any, named: dict[str, Any], call: Call, ma
     bias = fire_bias_reversed(named, call, masked=False)
     if bias is None:
         return NotImplemented
-    c, big_l, eps, _ = _given(named)
+    c, big_l, eps = call_options(named)
     xp = _xp.array_namespace(q)
     wide = _fire_inputs._wide(xp, q.dtype, q.device, call.t_q, call.t_k, call.q_offset)
     parts = _fire_inputs._parts(xp, call.t_q, call.t_k, c, big_l, eps, call.q_offset, wide,
