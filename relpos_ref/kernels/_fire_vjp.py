@@ -78,11 +78,24 @@ def _live_sums(xp: Any, found: Any, d_coefficient: Any) -> Any:
 
 def unit_gradients(found: Any, d_a: Any, d_b: Any, w1: Any, b1: Any, w2: Any
                    ) -> tuple[Any, Any, Any]:
-    """``(d_w1, d_b1, d_w2)`` from the sums by segment of the slopes' and intercepts' cotangents.
+    r"""``(d_w1, d_b1, d_w2)`` from the sums by segment of the slopes' and intercepts' cotangents.
 
     `found` is `relpos_ref._fire_pieces.units` of `w1`, `b1` ``(H', m)`` and
     `w2` ``(H, m)``; `d_a`, `d_b` ``(H, 2n + 1)``: per head and segment, the
-    sum of :math:`\bar b x` and of :math:`\bar b` over its pairs.
+    sum of :math:`\bar b x` and of :math:`\bar b` over its pairs. A unit's
+    slope :math:`w_2 w_1` and intercept :math:`w_2 b_1` get :math:`\bar A` and
+    :math:`\bar B` summed over the segments where it is live, so
+    :math:`\bar w_1 = w_2 \sum \bar A`, :math:`\bar b_1 = w_2 \sum \bar B` and
+    :math:`\bar w_2 = w_1 \sum \bar A + b_1 \sum \bar B`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from relpos_ref._fire_pieces import units
+    >>> w1, b1, w2 = np.ones((1, 1)), np.asarray([[-0.5]]), np.ones((1, 1))  # relu(x - 1/2)
+    >>> d = np.asarray([[0.0, 0.0, 1.0]])  # one pair at x = 1, in the segment past 1/2
+    >>> unit_gradients(units(w1, b1, w2), d, d, w1, b1, w2)
+    (array([[1.]]), array([[1.]]), array([[0.5]]))
     """
     xp = _xp.array_namespace(d_a, w1)
     heads, hidden, m = w2.shape[0], w1.shape[0], w1.shape[1]
@@ -147,6 +160,16 @@ def tables_from_unit_gradients(d_w1: Any, d_b1: Any, d_w2: Any, tables: dict[str
     `d_w1`, `d_b1` ``(H', m)`` and `d_w2` ``(H, m)`` are of the broadcast tables
     (`relpos_ref._fire_pieces.broadcast_tables`); summed back to each table's
     shape. ``b2``'s is 0: softmax takes a row's constant away.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> tables = {"w1": np.ones((1, 1)), "b1": np.zeros(1), "w2": np.ones((1, 1)),
+    ...           "b2": np.zeros(1)}
+    >>> out = tables_from_unit_gradients(np.ones((1, 1)), np.ones((1, 1)), np.ones((1, 1)) / 2,
+    ...                                  tables)
+    >>> {name: g.shape for name, g in out.items()}
+    {'w1': (1, 1), 'b1': (1,), 'w2': (1, 1), 'b2': (1,)}
     """
     xp = _xp.array_namespace(d_w1)
     w1, b1, w2, b2 = (tables.get(n) for n in ("w1", "b1", "w2", "b2"))
