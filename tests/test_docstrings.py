@@ -22,6 +22,7 @@ MODULES = [
     "relpos_ref.attention",
     "relpos_ref.calls",
     "relpos_ref.gradients",
+    "relpos_ref.distance_gradients",
     "relpos_ref.catalog",
     "relpos_ref.lowering",
     "relpos_ref.flex",

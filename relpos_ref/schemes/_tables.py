@@ -14,14 +14,8 @@ from .. import _xp
 from .._validate import broadcast_shapes
 from ..attention import weighted_sum
 from ..calls import Call
-from ..gradients import (
-    Forward,
-    core_vjp,
-    dot_rows,
-    every_pair_unless,
-    masked_product,
-    sum_to_shape,
-)
+from ..distance_gradients import every_pair_unless
+from ..gradients import Forward, core_vjp, dot_rows, masked_product, sum_to_shape
 from ..layouts import _take_per_row, to_relative
 from ..positions import relative_positions
 

@@ -37,14 +37,8 @@ from .._exact import float_dtype
 from .._validate import as_int, check_bool, check_choice, nonnegative_int, positive_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
-from ..gradients import (
-    check_d_output,
-    core_vjp,
-    distance_axis,
-    forward,
-    scalar_rows_vjp,
-    sum_to_shape,
-)
+from ..distance_gradients import distance_axis, scalar_rows_vjp
+from ..gradients import check_d_output, core_vjp, forward, sum_to_shape
 from ..positions import relative_positions
 
 __all__ = [

@@ -38,17 +38,14 @@ from typing import Any
 from .. import _xp
 from ..attention import attention
 from ..calls import Call, Defaults, computes_in_float32, resolve_call
-from ..gradients import (
-    check_d_output,
-    core_vjp,
+from ..distance_gradients import (
     distance_axis,
-    forward,
     key_rows_vjp,
     query_rows_vjp,
-    sum_to_shape,
     table_gradient,
     table_rows,
 )
+from ..gradients import check_d_output, core_vjp, forward, sum_to_shape
 from ..layouts import _take_per_row
 from ._tables import (
     check_method,

@@ -21,16 +21,8 @@ from .. import _xp
 from .._validate import as_int, check_choice, nonnegative_int, positive_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
-from ..gradients import (
-    check_d_output,
-    core_vjp,
-    distance_axis,
-    forward,
-    query_rows_vjp,
-    sum_to_shape,
-    table_gradient,
-    table_rows,
-)
+from ..distance_gradients import distance_axis, query_rows_vjp, table_gradient, table_rows
+from ..gradients import check_d_output, core_vjp, forward, sum_to_shape
 from ..layouts import TABLE_ORDERS, pad_flatten_reshape
 from ..positions import check_distances_in_table, distance_range, relative_positions
 from ._tables import check_method, check_table, contract_rows, gather_rows, table_logits

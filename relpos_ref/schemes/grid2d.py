@@ -19,14 +19,8 @@ from .. import _xp
 from .._validate import positive_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
-from ..gradients import (
-    check_d_output,
-    core_vjp,
-    every_pair_unless,
-    forward,
-    masked_product,
-    sum_to_shape,
-)
+from ..distance_gradients import every_pair_unless
+from ..gradients import check_d_output, core_vjp, forward, masked_product, sum_to_shape
 from ..layouts import _take_per_row, pad_flatten_reshape
 from ..positions import grid_positions
 from ._tables import check_method, check_table, contract_rows, gather_rows, table_logits

@@ -33,15 +33,8 @@ from .. import _xp
 from .._validate import check_bool, nonnegative_int, positive_int
 from ..attention import attention
 from ..calls import Call, Defaults, computes_in_float32, resolve_call
-from ..gradients import (
-    check_d_output,
-    core_vjp,
-    distance_axis,
-    forward,
-    scalar_rows_vjp,
-    sum_to_shape,
-    table_gradient,
-)
+from ..distance_gradients import distance_axis, scalar_rows_vjp, table_gradient
+from ..gradients import check_d_output, core_vjp, forward, sum_to_shape
 from ..positions import check_integer_array, relative_positions
 from ._tables import check_table, count_reached, gather_scalars
 

@@ -45,15 +45,8 @@ from .. import _xp
 from .._exact import check_exact_distances
 from ..attention import attention
 from ..calls import Call, Defaults, computes_in_float32, resolve_call
-from ..gradients import (
-    check_d_output,
-    core_vjp,
-    distance_axis,
-    every_pair_unless,
-    forward,
-    query_rows_vjp,
-    sum_to_shape,
-)
+from ..distance_gradients import distance_axis, every_pair_unless, query_rows_vjp
+from ..gradients import check_d_output, core_vjp, forward, sum_to_shape
 from ..layouts import rel_shift
 from ._tables import check_method, check_table, contract_rows
 from .transformer_xl_sinusoids import (
