@@ -169,78 +169,102 @@ def attention_forward(
     hi = t_k
     if CAUSAL:
         hi = tl.minimum(t_k, i0 + BM + q_offset)
-    for j0 in range(0, hi, BN):
-        offs_n = j0 + jj
-        n_ok = offs_n < t_k
-        k = load_rows(K, a, b, h, ska, skb, skh, skn, offs_n, offs_d, n_ok, d_ok)
-        s = product(q, tl.trans(k), Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
-        if HAS_QW or HAS_KW or HAS_VW:
-            # the window's differences c0 .. c0 + BM + BN - 2: wholly at one end of the
-            # maps (every row the first, or every row the last), or in their band
-            c0 = j0 - i0 + t_q - BM
-            past = c0 + (BM + BN - 2) <= c_lo
-            future = c0 >= c_hi
-            edge = past | future
-        if HAS_QW:
-            if edge:
-                s += tl.where(past, q_first, q_last)[:, None]
-            else:
-                c = c0 + w
-                rq = tl.load(RQ + c, mask=(c >= 0) & (c < n_diff), other=-1)
-                tq = tl.load(TQ + h * stqh + rq[:, None] * stqm + offs_d[None, :],
-                             mask=(rq[:, None] >= 0) & d_ok[None, :], other=0.0)
-                sw = product(qw, tl.trans(tq), QW_WIDE, TQ_WIDE, DOT, OPERAND, PRECISION)
-                diagonal = jj[None, :] - ii[:, None] + (BM - 1)  # window column of each pair
-                s += tl.gather(sw, diagonal, axis=1)
-        if HAS_KW:
-            kw = load_rows(KW, a, b, h, sxa, sxb, sxh, sxn, offs_n, offs_d, n_ok, d_ok)
-            if edge:
-                row = tl.where(past, tk0, tk1)
-                s += tl.sum(kw.to(ACC) * row[None, :], axis=1)[None, :]
-            else:
-                c = c0 + w
-                rk = tl.load(RK + c, mask=(c >= 0) & (c < n_diff), other=-1)
-                tk = tl.load(TK + h * stkh + rk[:, None] * stkm + offs_d[None, :],
-                             mask=(rk[:, None] >= 0) & d_ok[None, :], other=0.0)
-                sk = product(tk, tl.trans(kw), TK_WIDE, False, DOT, OPERAND, PRECISION)
-                diagonal = jj[None, :] - ii[:, None] + (BM - 1)
-                s += tl.gather(sk, diagonal, axis=0)
-        s = s * scale
-        inside = m_ok[:, None] & n_ok[None, :]
-        if NG >= 1:
-            s = add_gathered(s, g1, s1c, offs_m, offs_n, m_ok, n_ok, inside, t_q, qc1, KC1,
-                             low1, j0 - i0 + t_q - BM, glo, ghi, BM + BN - 2, G_ENDS,
-                             G1_COORDS)
-        if NG >= 2:
-            s = add_gathered(s, g2, s2c, offs_m, offs_n, m_ok, n_ok, inside, t_q, qc2, KC2,
-                             low2, j0 - i0 + t_q - BM, glo, ghi, BM + BN - 2, G_ENDS,
-                             G2_COORDS)
-        allowed = allowed_pairs(inside, offs_m, offs_n, q_offset, mask_rows, smn, CAUSAL,
-                                HAS_MASK)
-        # an allowed logit that overflowed to -inf is NaN: its row is NaN, not empty
-        s = tl.where(allowed, tl.where(s == float("-inf"), float("nan"), s), float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
-        vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv, n_ok, dv_ok)
-        acc += product(p, vals, SPLIT, False, DOT, OPERAND, PRECISION)
-        if HAS_VW:
-            if edge:
-                acc += tl.sum(p, axis=1)[:, None] * tl.where(past, tv0, tv1)[None, :]
-            else:
-                spread = w[None, :] + ii[:, None] - (BM - 1)  # key column of each window column
-                spread_ok = (spread >= 0) & (spread < BN)
-                pw = tl.gather(p, tl.where(spread_ok, spread, 0), axis=1)
-                pw = tl.where(spread_ok, pw, 0.0)
-                c = c0 + w
-                rv = tl.load(RV + c, mask=(c >= 0) & (c < n_diff), other=-1)
-                tv = tl.load(TV + h * stvh + rv[:, None] * stvm + offs_dv[None, :],
-                             mask=(rv[:, None] >= 0) & dv_ok[None, :], other=0.0)
-                acc += product(pw, tv, SPLIT, False, DOT, OPERAND, PRECISION)
-        m_i = m_new
+    # The key tiles in three runs, a loop each with no branch on the tile (triton 3.6's
+    # software pipeliner fails on a product inside one): with c0 = j0 - i0 + t_q - BM, the
+    # tiles whose window of differences c0 .. c0 + BM + BN - 2 lies wholly at the maps' first
+    # rows (c <= c_lo: one row for the whole tile), those in their band, and those wholly at
+    # their last rows (c >= c_hi). A call without window terms has one run, the band's.
+    WINDOWED: tl.constexpr = HAS_QW or HAS_KW or HAS_VW
+    j_band = 0  # the first tile past the keys j0 <= last_past
+    j_future = hi  # the first tile from the keys j0 >= first_future on
+    if WINDOWED:
+        last_past = c_lo - BN + 2 - t_q + i0
+        j_band = tl.where(last_past < 0, 0, (last_past // BN + 1) * BN)
+        first_future = c_hi - t_q + BM + i0
+        j_future = tl.maximum(tl.where(first_future <= 0, 0, (first_future + BN - 1) // BN * BN),
+                              j_band)
+    for PART in tl.static_range(3):  # 0: the first rows, 1: the band, 2: the last rows
+        if PART == 0:
+            j_start = 0
+            j_end = tl.minimum(j_band, hi)
+        elif PART == 1:
+            j_start = j_band
+            j_end = tl.minimum(j_future, hi)
+        else:
+            j_start = j_future
+            j_end = hi
+        if WINDOWED or PART == 1:
+            for j0 in range(j_start, j_end, BN):
+                offs_n = j0 + jj
+                n_ok = offs_n < t_k
+                k = load_rows(K, a, b, h, ska, skb, skh, skn, offs_n, offs_d, n_ok, d_ok)
+                s = product(q, tl.trans(k), Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
+                if PART == 1:
+                    c = j0 - i0 + t_q - BM + w  # the window's differences
+                if HAS_QW:
+                    if PART == 0:
+                        s += q_first[:, None]
+                    elif PART == 2:
+                        s += q_last[:, None]
+                    else:
+                        rq = tl.load(RQ + c, mask=(c >= 0) & (c < n_diff), other=-1)
+                        tq = tl.load(TQ + h * stqh + rq[:, None] * stqm + offs_d[None, :],
+                                     mask=(rq[:, None] >= 0) & d_ok[None, :], other=0.0)
+                        sw = product(qw, tl.trans(tq), QW_WIDE, TQ_WIDE, DOT, OPERAND, PRECISION)
+                        # the window column of each pair
+                        diagonal = jj[None, :] - ii[:, None] + (BM - 1)
+                        s += tl.gather(sw, diagonal, axis=1)
+                if HAS_KW:
+                    kw = load_rows(KW, a, b, h, sxa, sxb, sxh, sxn, offs_n, offs_d, n_ok, d_ok)
+                    if PART == 0:
+                        s += tl.sum(kw.to(ACC) * tk0[None, :], axis=1)[None, :]
+                    elif PART == 2:
+                        s += tl.sum(kw.to(ACC) * tk1[None, :], axis=1)[None, :]
+                    else:
+                        rk = tl.load(RK + c, mask=(c >= 0) & (c < n_diff), other=-1)
+                        tk = tl.load(TK + h * stkh + rk[:, None] * stkm + offs_d[None, :],
+                                     mask=(rk[:, None] >= 0) & d_ok[None, :], other=0.0)
+                        sk = product(tk, tl.trans(kw), TK_WIDE, False, DOT, OPERAND, PRECISION)
+                        diagonal = jj[None, :] - ii[:, None] + (BM - 1)
+                        s += tl.gather(sk, diagonal, axis=0)
+                s = s * scale
+                inside = m_ok[:, None] & n_ok[None, :]
+                if NG >= 1:
+                    s = add_gathered(s, g1, s1c, offs_m, offs_n, m_ok, n_ok, inside, t_q, qc1, KC1,
+                                     low1, j0 - i0 + t_q - BM, glo, ghi, BM + BN - 2, G_ENDS,
+                                     G1_COORDS)
+                if NG >= 2:
+                    s = add_gathered(s, g2, s2c, offs_m, offs_n, m_ok, n_ok, inside, t_q, qc2, KC2,
+                                     low2, j0 - i0 + t_q - BM, glo, ghi, BM + BN - 2, G_ENDS,
+                                     G2_COORDS)
+                allowed = allowed_pairs(inside, offs_m, offs_n, q_offset, mask_rows, smn, CAUSAL,
+                                        HAS_MASK)
+                # an allowed logit that overflowed to -inf is NaN: its row is NaN, not empty
+                s = tl.where(allowed, tl.where(s == float("-inf"), float("nan"), s), float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                p = tl.exp(s - m_safe[:, None])
+                alpha = tl.exp(m_i - m_safe)
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                acc = acc * alpha[:, None]
+                vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv, n_ok, dv_ok)
+                acc += product(p, vals, SPLIT, False, DOT, OPERAND, PRECISION)
+                if HAS_VW:
+                    if PART == 0:
+                        acc += tl.sum(p, axis=1)[:, None] * tv0[None, :]
+                    elif PART == 2:
+                        acc += tl.sum(p, axis=1)[:, None] * tv1[None, :]
+                    else:
+                        # the key column of each window column
+                        spread = w[None, :] + ii[:, None] - (BM - 1)
+                        spread_ok = (spread >= 0) & (spread < BN)
+                        pw = tl.gather(p, tl.where(spread_ok, spread, 0), axis=1)
+                        pw = tl.where(spread_ok, pw, 0.0)
+                        rv = tl.load(RV + c, mask=(c >= 0) & (c < n_diff), other=-1)
+                        tv = tl.load(TV + h * stvh + rv[:, None] * stvm + offs_dv[None, :],
+                                     mask=(rv[:, None] >= 0) & dv_ok[None, :], other=0.0)
+                        acc += product(pw, tv, SPLIT, False, DOT, OPERAND, PRECISION)
+                m_i = m_new
 
     # no allowed key: l = 0, zeros; an overflowed logit made l NaN
     empty = l_i == 0

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Build", "backward_variants", "build", "variants"]
+__all__ = ["Build", "backward_variants", "branched_products", "build", "variants"]
 
 SCHEMES_WITH = {"grid2d": {"height": 4, "width": 8},
                 "swin": {"window_height": 4, "window_width": 8},
@@ -169,11 +169,46 @@ class _TargetOnly:
 
 class Build(dict):
     """One variant's build: ``stages``, ``shared``, ``registers``, ``spills``, ``tensor_cores``,
-    ``wgmma``.
+    ``wgmma``, ``branched_products``.
 
     ``tensor_cores``: its products use the tensor cores (``wgmma`` or
-    ``mma``); ``wgmma``: Hopper's warp-group instructions in particular.
+    ``mma``); ``wgmma``: Hopper's warp-group instructions in particular;
+    ``branched_products``: products under a branch inside a loop
+    (`branched_products`), which triton 3.6's software pipeliner fails on.
     """
+
+
+def branched_products(ttir: str) -> int:
+    r"""How many ``tt.dot`` of a kernel's Triton IR sit in an ``scf.if`` inside an ``scf.for``.
+
+    Triton 3.6's software pipeliner ("PassManager::run failed" in
+    ``TritonGPUPipeline``) failed on such a product in the 16-bit window
+    variants at tiles of 64 (Hopper's warp-group products); the forward
+    kernel therefore runs its key tiles in three loops without a branch on
+    the tile. Regions are read from the IR's braces.
+
+    Examples
+    --------
+    >>> branched_products("scf.for %j = %a to %b step %c {\n  %x = scf.if %p -> (f32) {\n"
+    ...                   "    %y = tt.dot %q, %k, %z\n  } else {\n  }\n}")
+    1
+    >>> branched_products("%x = scf.if %p -> (f32) {\n  %y = tt.dot %q, %k, %z\n}")
+    0
+    """
+    regions: list[str] = []
+    found = 0
+    for line in ttir.splitlines():
+        text = line.strip()
+        if text.startswith("}") and not text.startswith("} else {"):
+            if regions:
+                regions.pop()
+            continue
+        if "tt.dot " in text and "for" in regions and "if" in regions[regions.index("for"):]:
+            found += 1
+        if text.endswith("{") and not text.startswith("} else {"):
+            regions.append("for" if "scf.for " in text else "if" if "scf.if " in text
+                           else "other")
+    return found
 
 
 #: Shared memory one block may take, by compute capability (an H100 or H200: 227 KiB).
@@ -220,6 +255,7 @@ def build(args: list[Any], constants: dict[str, Any], *, capability: int = 90,
     ptx = compiled.asm["ptx"]
     registers, spills = _ptxas_resources(ptx, capability)
     return Build(stages=stages, shared=int(compiled.metadata.shared), registers=registers,
+                 branched_products=branched_products(compiled.asm["ttir"]),
                  spills=spills,
                  tensor_cores=bool(re.search(r"\b(?:wgmma|mma)\.", ptx)),
                  wgmma=bool(re.search(r"\bwgmma\.", ptx)))
