@@ -119,6 +119,78 @@ def test_saturated_gates_stay_finite_and_long_sums_cancel():
     np.testing.assert_array_equal(near[0], np.float32([-2 * math.log(2), -math.log(2), 0.0]))
 
 
+def _loop_log_sigmoid(x: float) -> float:
+    if math.isnan(x) or x == -math.inf:
+        return x  # log sigma(-inf) = -inf: a closed gate
+    return -math.log1p(math.exp(-x)) if x > -30 else x - math.log1p(math.exp(x))
+
+
+def _loop_bias_reading_each_range(f, t_q, q_offset):
+    # every pair sums the gates of its own range (j, p_i] only: one sum per pair
+    t_k = f.shape[-1]
+    out = np.zeros((*f.shape[:-1], t_q, t_k))
+    for lead in np.ndindex(f.shape[:-1]):
+        for i in range(t_q):
+            for j in range(min(t_k, i + q_offset + 1)):
+                terms = [_loop_log_sigmoid(float(f[(*lead, t)]))
+                         for t in range(j + 1, i + q_offset + 1)]
+                out[(*lead, i, j)] = (math.nan if any(map(math.isnan, terms)) else
+                                      -math.inf if -math.inf in terms else math.fsum(terms))
+    return out
+
+
+def test_a_closed_gate_masks_the_pairs_that_read_it_and_no_other(backend):
+    """sigma(f_t) = 0 (f_t = -inf) forgets every key before t: those pairs get -inf, a mask.
+
+    The bias's cumulative sums would make ``-inf - (-inf) = NaN`` of every pair after
+    the gate; a NaN gate makes NaN only of the pairs whose range holds it.
+    """
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, 6, 4)) for _ in range(3))
+    f = rng.standard_normal((2, 6))
+    f[:, 2] = -np.inf
+    f[1, 4] = np.nan
+    want_bias = _loop_bias_reading_each_range(f, 6, 0)
+    got_bias = backend.to_numpy(rp.forgetting_bias(backend.asarray(f), 6))
+    np.testing.assert_array_equal(np.isnan(got_bias), np.isnan(want_bias))
+    np.testing.assert_allclose(got_bias, want_bias, rtol=1e-12, atol=1e-12)
+    assert (got_bias[0, 2:, :2] == -np.inf).all() and np.isfinite(got_bias[0, 3:, 2:]).all()
+
+    closed = f.copy()
+    closed[1, 4] = 0.5
+    want = loop_attention(q, k, v, closed, 0, 0.5)
+    args = [backend.asarray(a) for a in (q, k, v, closed)]
+    got = backend.to_numpy(rp.forgetting_attention(*args, q_offset=0))
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    grads = rp.forgetting_attention_vjp(*args, d_output=backend.asarray(np.ones((2, 6, 4))),
+                                        q_offset=0)
+    assert all(np.isfinite(backend.to_numpy(g)).all() for g in grads.values())
+    # the closed gate's own gradient: the pairs reading it have weight 0 (up to the
+    # rounding of the suffix sums it is read from)
+    np.testing.assert_allclose(backend.to_numpy(grads["f"])[:, 2], 0, atol=1e-12)
+    nan_out = backend.to_numpy(rp.forgetting_attention(*args[:3], backend.asarray(f),
+                                                       q_offset=0))
+    assert np.isnan(nan_out[1, 4:]).all() and not np.isnan(np.delete(nan_out[1], [4, 5], 0)).any()
+    np.testing.assert_allclose(nan_out[0], want[0], rtol=1e-10, atol=1e-12)
+
+
+def test_a_closed_gate_blocked_and_on_torch_autograd_is_the_same():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((2, 7, 4)) for _ in range(3))
+    f = rng.standard_normal((2, 7))
+    f[0, 3] = -np.inf
+    want = loop_attention(q, k, v, f, 0, 0.5)
+    tensors = [torch.tensor(a, requires_grad=True) for a in (q, k, v, f)]
+    out = rp.forgetting_attention(*tensors, q_offset=0)
+    out.sum().backward()
+    np.testing.assert_allclose(out.detach().numpy(), want, rtol=1e-10, atol=1e-12)
+    assert all(torch.isfinite(t.grad).all() for t in tensors)
+    blocked = rp.blocked_attention(*(torch.tensor(a) for a in (q, k, v, f)), scheme="forgetting",
+                                   block_size=2, q_offset=0)
+    np.testing.assert_allclose(blocked.numpy(), want, rtol=1e-10, atol=1e-12)
+
+
 def _finite_differences(fun, x, eps=1e-6):
     grad = np.zeros_like(x)
     for idx in np.ndindex(x.shape):

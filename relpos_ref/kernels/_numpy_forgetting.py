@@ -105,8 +105,8 @@ def forgetting_attention_vjp(q, k, v, f, /, *, d_output, scale=None, mask=None, 
     call = forgetting.forgetting_call(q, k, v, f, scale=scale, mask=mask, causal=causal,
                                       q_offset=q_offset)
     check_d_output(d_output, q, call, v.shape[-1], mask=mask)
-    if not _covered("forgetting", q, call, mask, k, v, d_output, f=f):
-        return NotImplemented
+    if not _covered("forgetting", q, call, mask, k, v, d_output, f=f) or not np.isfinite(f).all():
+        return NotImplemented  # a closed (-inf) or NaN gate: the specification reads each range
     term = ForgettingBias(forgetting.forgetting_cumsum(f), call, q.dtype)
     core = backward(q, k, v, d_output, call, mask=mask, term=term)
     d_f = forgetting.forgetting_f_gradient_from_sums(f, term.row_sums, term.col_sums, call.q_offset)

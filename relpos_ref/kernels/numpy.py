@@ -158,8 +158,8 @@ def forgetting_attention(q, k, v, f, /, *, scale=None, mask=None, causal=None, q
         return NotImplemented
     call = forgetting.forgetting_call(q, k, v, f, scale=scale, mask=mask, causal=causal,
                                       q_offset=q_offset)
-    if not bounded("forgetting", call, q, k, f=f):
-        return NotImplemented
+    if not bounded("forgetting", call, q, k, f=f) or not _finite(f):
+        return NotImplemented  # a closed (-inf) or NaN gate: the specification reads each range
     big_f = forgetting.forgetting_cumsum(f)
     # the scores take the bias's batch (heads where only f has them)
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], big_f.shape[:-1])

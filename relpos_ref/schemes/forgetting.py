@@ -24,6 +24,14 @@ The bias is causal, as FoX is: ``causal=False`` is refused, and :math:`b_{ij}`
 is 0 where :math:`j > p_i` (the pair is never attended). Negative query
 positions have no key and output zeros.
 
+A closed gate, :math:`\sigma(f_t) = 0` (:math:`f_t = -\infty`), forgets every
+key before it: each pair whose range :math:`(j, p_i]` holds it has
+:math:`b_{ij} = -\infty`, a mask (the key at the query's own position is
+always seen), and every other pair is exact. A NaN gate makes NaN of the
+pairs whose range holds it and of no other. The sums count such gates apart
+from the finite ones (:math:`F` alone would give :math:`-\infty - (-\infty)`,
+NaN, for every pair after the gate).
+
 Numerics: :math:`\log\sigma(x) = -\operatorname{softplus}(-x)
 = \min(x, 0) - \log(1 + e^{-|x|})`, which neither overflows nor loses the
 tail (:math:`\log\sigma(-1000) = -1000`). :math:`F` grows linearly in
@@ -155,19 +163,47 @@ def _positions(xp: Any, t_q: int, q_offset: int, device: Any) -> Any:
     return xp.arange(t_q, dtype=_xp.index_dtype(xp, device), device=device) + q_offset
 
 
-def _bias_wide(big_f: Any, t_q: int, q_offset: int, t_k: int, j0: int = 0) -> Any:
+def _gate_sums(f: Any) -> tuple[Any, Any]:
+    # F summed over the finite log gates, and per position the counts of the gates before it
+    # that are closed (sigma(f) = 0, log -inf) or NaN, so that a pair's bias reads only the
+    # gates of its own range: F's differences would make -inf - (-inf) = NaN of every pair
+    # after a closed gate, and spread a NaN gate to pairs that never read it
+    xp = _xp.array_namespace(f)
+    wide = _accumulator(xp, _xp.device(f))
+    logs = log_sigmoid(xp.astype(f, wide))
+    closed, nan = logs == -xp.inf, xp.isnan(logs)
+    zero = xp.zeros((), dtype=wide, device=_xp.device(f))
+    unread = closed | nan
+    finite = xp.cumulative_sum(xp.where(unread, zero, logs), axis=-1)
+    if not _xp.is_lazy(f) and not bool(xp.any(unread)):
+        return finite, None  # every gate finite (what can be read now)
+    counts = xp.stack([xp.cumulative_sum(xp.astype(c, wide), axis=-1) for c in (closed, nan)])
+    return finite, counts
+
+
+def _at_queries(x: Any, p: Any) -> Any:
+    # x (..., n) at the query positions p (clipped: a query before 0 reads position 0)
+    xp = _xp.array_namespace(x)
+    n = x.shape[-1]
+    if n:
+        return xp.take(x, xp.clip(p, 0, n - 1), axis=-1)
+    return xp.zeros((*x.shape[:-1], p.shape[0]), dtype=x.dtype, device=_xp.device(x))
+
+
+def _bias_wide(big_f: Any, t_q: int, q_offset: int, t_k: int, j0: int = 0,
+               counts: Any = None) -> Any:
     # F_{p_i} - F_j for keys j0 .. j0 + t_k - 1 on the causal region, 0 elsewhere, in F's
-    # dtype; every position p_i < n (checked), so no gate is made up
+    # dtype; every position p_i < n (checked), so no gate is made up. `counts` (`_gate_sums`):
+    # -inf where the pair's range holds a closed gate, NaN where it holds a NaN one
     xp = _xp.array_namespace(big_f)
     dev = _xp.device(big_f)
-    n = big_f.shape[-1]
     p = _positions(xp, t_q, q_offset, dev)
     j = xp.arange(j0, j0 + t_k, dtype=p.dtype, device=dev)
-    if n:
-        at_query = xp.take(big_f, xp.clip(p, 0, n - 1), axis=-1)
-    else:
-        at_query = xp.zeros((*big_f.shape[:-1], t_q), dtype=big_f.dtype, device=dev)
-    diff = at_query[..., :, None] - big_f[..., None, j0:j0 + t_k]
+    diff = _at_queries(big_f, p)[..., :, None] - big_f[..., None, j0:j0 + t_k]
+    if counts is not None:
+        read = _at_queries(counts, p)[..., :, None] != counts[..., None, j0:j0 + t_k]
+        diff = xp.where(read[0, ...], xp.asarray(-xp.inf, dtype=diff.dtype, device=dev), diff)
+        diff = xp.where(read[1, ...], xp.asarray(xp.nan, dtype=diff.dtype, device=dev), diff)
     causal = j[None, :] <= p[:, None]
     return xp.where(causal, diff, xp.zeros((), dtype=diff.dtype, device=dev))
 
@@ -185,7 +221,8 @@ def forgetting_tile(f: Any, /, t_q: int, t_k: int, *, q_offset: int, j0: int = 0
     Array([[-1.,  0.]], dtype=array_api_strict.float64)
     """
     xp = _xp.array_namespace(f)
-    return xp.astype(_bias_wide(forgetting_cumsum(f), t_q, q_offset, t_k, j0), f.dtype)
+    big_f, counts = _gate_sums(f)
+    return xp.astype(_bias_wide(big_f, t_q, q_offset, t_k, j0, counts), f.dtype)
 
 
 def forgetting_bias(f: Any, /, t_q: int, t_k: int | None = None, *, q_offset: int = 0) -> Any:
