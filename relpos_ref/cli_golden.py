@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 __all__ = ["add_commands", "run"]
@@ -142,6 +143,19 @@ def _note(recovered: str | None) -> None:
         print(f"relpos-ref: note: {recovered}", file=sys.stderr)
 
 
+def _cases_outside(cases: str | None, out: str) -> None:
+    """Refuse a ``--cases`` file inside ``--out``: generate replaces that directory whole."""
+    from .golden import SuiteError
+
+    if cases is None:
+        return
+    file, folder = Path(cases).resolve(), Path(out).resolve()
+    if file.is_relative_to(folder):
+        msg = (f"--cases {cases} lies inside --out {out}, a directory generate replaces "
+               "whole (with --force, the cases file would be deleted); keep it outside")
+        raise SuiteError(msg)
+
+
 def _cases(args: argparse.Namespace) -> list[Any]:
     """The default suite or the ``--cases`` file's, filtered by ``--select`` and ``--dtypes``."""
     from . import golden
@@ -165,6 +179,7 @@ def run(args: argparse.Namespace) -> tuple[int, str]:
             return 0, json.dumps(listed, indent=1, sort_keys=True)
         return 0, "\n".join(c.id for c in cases)
     if args.command == "generate":
+        _cases_outside(args.cases, args.out)
         cases = _cases(args)
         start = time.perf_counter()
         result = golden.generate(

@@ -100,3 +100,36 @@ def test_a_bad_cases_file_is_refused_naming_file_case_and_key(tmp_path, capsys, 
 def test_a_missing_cases_file_is_named(tmp_path, capsys):
     assert main(["list", "--cases", str(tmp_path / "absent.toml")]) == 2
     assert "absent.toml: cannot read it (No such file or directory)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_cases_file_inside_the_suite_directory_is_refused_and_kept(tmp_path, capsys, force):
+    """generate replaces --out whole: with --force it would delete its own --cases file."""
+    out = tmp_path / "suite"
+    out.mkdir()
+    cases = out / "cases.toml"
+    cases.write_text(MINE)
+    argv = ["generate", "--out", str(out), "--cases", str(cases), "--dtypes", "float32"]
+    assert main(argv + (["--force"] if force else [])) == 2
+    err = capsys.readouterr().err
+    assert "lies inside --out" in err and "keep it outside" in err
+    assert cases.read_text() == MINE and sorted(p.name for p in out.iterdir()) == ["cases.toml"]
+
+
+def test_a_suite_with_entries_of_its_own_is_named_as_this_suite(mine, tmp_path, capsys):
+    out = tmp_path / "suite"
+    argv = ["generate", "--out", str(out), "--cases", str(mine), "--dtypes", "float32"]
+    assert main(argv) == 0
+    (out / "my-results").mkdir()
+    (out / "my-results" / "obtained.npz").write_bytes(b"mine")
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "holds this suite and entries of its own (my-results)" in err
+    assert "deleting them" in err and "different" not in err
+    assert (out / "my-results" / "obtained.npz").read_bytes() == b"mine"
+    (out / "my-results" / "obtained.npz").unlink()
+    (out / "my-results").rmdir()
+    other = ["generate", "--out", str(out), "--cases", str(mine), "--dtypes", "float64"]
+    assert main(other) == 2
+    assert "already holds a different golden suite" in capsys.readouterr().err

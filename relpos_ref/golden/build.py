@@ -14,7 +14,7 @@ import hashlib
 import os
 import platform
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -209,7 +209,12 @@ def _same_tree(new: Path, out: Path) -> bool:
     fa, fb = entries(new), entries(out)
     if fa != fb or any(kind != "file" for kind in fa.values()):
         return False
-    for name in fa:
+    return _same_files(new, out, fa)
+
+
+def _same_files(new: Path, out: Path, names: Iterable[str]) -> bool:
+    # Whether each of `names` in `out` is a plain file with the bytes of its file in `new`
+    for name in names:
         want = (new / name).read_bytes()
         try:
             have = paths.read_plain(out / name, limit=len(want), what="the new suite's file")
@@ -322,15 +327,24 @@ def _write_suite(
     return total + len(data) + len(schema), len(written)
 
 
+def _not_replaced(tmp: Path, out: Path) -> str:
+    # why `out` is not replaced without --force: another suite, or this one and more entries
+    mine, theirs = entries(tmp), entries(out)
+    extra = [name for name in theirs if name not in mine]
+    if extra and all(theirs.get(name) == "file" for name in mine) and _same_files(tmp, out, mine):
+        shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
+        return (f"{out} holds this suite and entries of its own ({shown}); --force would "
+                "replace the whole directory, deleting them: move them out first, or choose "
+                "another --out")
+    return (f"{out} already holds a different golden suite; pass --force to replace it, "
+            "or choose another --out")
+
+
 def _install(tmp: Path, out: Path, *, existing: bool, force: bool) -> str:
     """Swap the finished suite `tmp` into `out`; the status for `GenerateResult`."""
     if existing and _same_tree(tmp, out):
         return "unchanged"
     if existing and not force:
-        msg = (
-            f"{out} already holds a different golden suite; pass --force to replace it, "
-            "or choose another --out"
-        )
-        raise SuiteError(msg)
+        raise SuiteError(_not_replaced(tmp, out))
     replace.install(tmp, out)
     return "replaced" if existing else "written"
