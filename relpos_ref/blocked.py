@@ -104,12 +104,12 @@ def blocked_attention(
         As in `relpos_ref.attention`; the default (``None``) is the scheme's
         scale (``1`` for t5, ``1 / sqrt(d f)`` for deberta).
     causal : bool, optional
-        Default (``None``): the scheme's (``True`` for music and
-        transformer_xl). Key tiles wholly in the future of a query tile are
-        skipped.
+        Default (``None``): the scheme's, ``catalog.get(scheme).defaults``
+        (the conventions page's table of defaults lists every scheme's). Key
+        tiles wholly in the future of a query tile are skipped.
     q_offset : int, optional
-        Default (``None``): the scheme's, ``t_k - t_q`` for transformer_xl,
-        ``0`` otherwise.
+        Default (``None``): the scheme's, ``0`` (start-aligned) or
+        ``t_k - t_q`` (end-aligned), as for `causal`.
     progress : bool, optional
         Draw a progress bar over the query blocks (only on a terminal; not
         for Dask arrays, whose evaluation is lazy: use Dask's diagnostics).

@@ -25,6 +25,7 @@ from relpos_ref.cli import build_parser
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 sys.path.insert(0, str(DOCS / "_ext"))
+import defaults_table  # noqa: E402
 import golden_tables  # noqa: E402
 import worked  # noqa: E402
 
@@ -355,3 +356,35 @@ def test_the_golden_params_table_covers_the_catalog_and_says_the_kwargs(tmp_path
         switched_off = {f"`d_{t.name}`" for t in catalog.get(case.scheme).tables
                         if t.name not in case.inputs}
         assert listed - stored == switched_off, case.scheme
+
+
+def test_the_table_of_defaults_is_every_scheme_s_own_rule():
+    """conventions.md includes the generated table; each row is what a call resolves."""
+    import math
+
+    import numpy as np
+
+    from relpos_ref import catalog
+
+    assert "```{include} _generated/defaults.md" in (DOCS / "conventions.md").read_text()
+    rows = [line.split(" | ") for line in defaults_table.default_rows().splitlines()[2:]]
+    assert [r[0].strip("|` ") for r in rows] == [
+        "attention" if n == "plain" else n for n in catalog.names(plain=True)]
+    t_q, t_k, d = 2, 5, 4
+    for row, name in zip(rows, catalog.names(plain=True), strict=True):
+        defaults = catalog.get(name).defaults
+        assert tuple(cell.strip("| ") for cell in row[1:]) == defaults_table.cells(defaults)
+        assert ("$1$" in row[1]) == (defaults.resolve_scale(None, d) == 1.0)
+        if "sqrt{d}$" in row[1]:
+            assert defaults.resolve_scale(None, d) == 1 / math.sqrt(d)
+        assert defaults.resolve_causal(None) is (row[2].strip() == "`True`")
+        end = defaults.resolve_q_offset(None, t_q, t_k) == t_k - t_q
+        assert end == row[3].startswith("`t_k - t_q`"), name
+    # the defaults are the ones the public functions take: end-aligned and causal for FIRE
+    q = np.zeros((t_q, d))
+    kv = np.zeros((t_k, d))
+    call = catalog.get("fire").check_call(q, kv, kv, {"w1": np.ones((2, 1)), "b1": np.zeros(2),
+                                                     "w2": np.ones((1, 2))},
+                                          scale=None, mask=None, causal=None, q_offset=None,
+                                          options={})[0]
+    assert call.causal and call.q_offset == t_k - t_q

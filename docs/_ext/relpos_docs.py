@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import defaults_table
 import figures
 import golden_tables
 import worked
@@ -33,6 +34,7 @@ def write_tables(out: Path) -> list[Path]:
         "distances.md": worked.markdown(worked.worked_distances()),
         "table_index.md": worked.markdown(worked.worked_table_index()),
         "golden_params.md": golden_tables.golden_parameter_rows(),
+        "defaults.md": defaults_table.default_rows(),
     }
     for name, build in worked.LAYOUTS.items():
         fragments[f"layout_{name}.md"] = worked.markdown(build())
