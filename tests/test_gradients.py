@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 import relpos_ref as rp
 from relpos_ref import catalog
 from relpos_ref.golden.cases import Case
+from relpos_ref.kernels import disabled as kernels_disabled
 
 SCHEMES = catalog.names()
 GRID = {"grid2d", "swin", "swinv2"}
@@ -540,3 +541,53 @@ def test_a_cotangent_that_broadcasts_gives_the_broadcast_cotangents_gradients(sc
         full = np.broadcast_to(narrow, (2, *narrow.shape))
         want = vjp_of(case, full, names, values, kwargs, mask)
     _close(got, want)
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+@pytest.mark.parametrize("scheme", ["plain", *SCHEMES])
+def test_an_empty_value_axis_runs_as_the_specification(scheme, library):
+    """``d_v = 0``: the kernels give what the specification gives (empty outputs, and the
+    gradients of q, k and the tables, which are zero), or hand the call back; none raises."""
+    case = _small("bias" if scheme == "plain" else scheme, masked=False)
+    names, values, kwargs, mask = _call(case)
+    for n, name in enumerate(names):  # v and relative value tables: no feature
+        if name == "v" or name == "value_table":
+            values[n] = values[n][..., :0]
+    if library == "torch":
+        torch = pytest.importorskip("torch")
+        values = [torch.tensor(np.asarray(a)) for a in values]
+        mask = None if mask is None else torch.tensor(mask)
+    if scheme == "plain":
+        def forward():
+            return rp.attention(*values[:3])
+
+        def backward():
+            return rp.attention_vjp(*values[:3], d_output=out * 0)
+    else:
+        def forward():
+            return forward_of(case, names, values, kwargs, mask)
+
+        def backward():
+            return vjp_of(case, out * 0, names, values, kwargs, mask)
+    out = forward()
+    grads = backward()
+    with kernels_disabled():
+        want_out, want = forward(), backward()
+    assert out.shape == want_out.shape and out.shape[-1] == 0
+    assert grads.keys() == want.keys()
+    for name in want:
+        np.testing.assert_array_equal(np.asarray(grads[name]), np.asarray(want[name]), name)
+
+
+@pytest.mark.parametrize("scheme", ["general", "music"])
+def test_an_empty_feature_axis_runs_on_the_numpy_kernel(scheme):
+    """``d = 0``: every logit is 0; the per-distance product of the NumPy kernel took
+    ``reshape(-1, 0)``, which NumPy refuses."""
+    rng = np.random.default_rng(2)
+    q, v = np.zeros((2, 5, 0)), rng.standard_normal((2, 5, 3))
+    table = np.zeros((9, 0) if scheme == "general" else (5, 0))
+    function = getattr(rp, f"{scheme}_attention")
+    got = function(q, q, v, table)
+    with kernels_disabled():
+        want = function(q, q, v, table)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

@@ -388,7 +388,8 @@ def block_logits(q: np.ndarray, table: np.ndarray, *, q_offset: int, low: int) -
         window = table[..., first : first + width + n - 1, :]
         block = q[..., a:b, :]
         if window.ndim == 2:  # a shared table: one GEMM for every head (faster than one each)
-            flat = np.reshape(block, (-1, block.shape[-1])) @ window.T
+            rows = math.prod(block.shape[:-1])  # not -1: an empty feature axis has no size
+            flat = np.reshape(block, (rows, block.shape[-1])) @ window.T
             logits = np.reshape(flat, (*block.shape[:-1], window.shape[0]))
         else:
             logits = np.matmul(block, np.swapaxes(window, -1, -2))  # (..., n, width + n - 1)

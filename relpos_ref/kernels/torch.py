@@ -240,7 +240,7 @@ def _kernel(name: str) -> Callable[..., Any]:
         # checks them in its own order
         if (given.get("return_weights", False) is not False
                 or given.get("method", "efficient") != "efficient"
-                or 0 in (call.t_q, call.t_k, q.shape[-1])
+                or 0 in (call.t_q, call.t_k, q.shape[-1], v.shape[-1])
                 or not bounded(name, call, {"q": q, "k": k, "v": v, **named, **arguments.terms,
                                              **{n: a for n, a in options.items()
                                                 if is_array(a)}})
@@ -284,7 +284,7 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
         if not finite([d_output]):
             return NotImplemented  # a NaN for a row with no key reaches dv in the specification
         if (given.get("method", "efficient") != "efficient"
-                or 0 in (call.t_q, call.t_k, given["q"].shape[-1])
+                or 0 in (call.t_q, call.t_k, given["q"].shape[-1], given["v"].shape[-1])
                 or not bounded(name, call, {"q": given["q"], "k": given["k"], "v": given["v"],
                                              **arguments.tables, **arguments.terms,
                                              **{n: a for n, a in options.items()
@@ -391,7 +391,7 @@ def _blocked_kernel(name: str) -> Callable[..., Any]:
         checked = check_blocked_arguments(given)
         call, options, named = checked.call, checked.options, checked.tables
         floating = [a for a in arrays if a.dtype.is_floating_point]
-        if (0 in (call.t_q, call.t_k, q.shape[-1])
+        if (0 in (call.t_q, call.t_k, q.shape[-1], v.shape[-1])
                 or not bounded(name, call, {"q": q, "k": k, "v": v, **named,
                                              **{n: a for n, a in options.items()
                                                 if is_array(a)}})):
