@@ -258,10 +258,16 @@ def test_decode_against_a_cache_equals_the_full_call(library):
     ({"c": np.zeros(2)}, "`c` must be a number or an array of shape ()"),
     ({"L": "far"}, "`L`"),
     ({"eps": "small"}, "`eps`"),
+    ({"eps": -1e-3}, "`eps` must be a finite number >= 0, got -0.001"),
+    ({"eps": 0.0, "L": 0.0}, "`eps` = 0 leaves the normaliser log(|c| max(|L|, p_i) + 1) + eps "
+                             "at 0 for the query at position 0 (c = 0.1, L = 0)"),
+    ({"eps": 0.0, "c": np.asarray(0.0)}, "at 0 for the query at position 0 (c = 0, L = 512)"),
+    ({"w1": np.zeros((0, 1)), "b1": np.zeros(0), "w2": np.zeros((2, 0))},
+     "the MLP needs at least one hidden unit (m >= 1), got `w1` of shape (0, 1)"),
     ({"b1": np.zeros(4, dtype=np.int64)}, "`b1` must have a real floating dtype"),
 ])
 def test_bad_calls_name_the_parameter(change, needle):
-    q = np.zeros((2, 3, 4))
+    q = np.zeros((2, 3, 4))  # q_offset 0: queries at positions 0 ..
     call = {"w1": np.zeros((4, 1)), "b1": np.zeros(4), "w2": np.zeros((2, 4)), "b2": np.zeros(2),
             "c": 0.1, "L": 512.0, "eps": 1e-6, **change}
     with pytest.raises((ValueError, TypeError)) as info:

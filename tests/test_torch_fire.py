@@ -162,14 +162,15 @@ def test_16_bit_calls_run_in_float32_and_return_their_dtype(dtype, direct_calls)
                                rtol=0, atol=float(torch.finfo(dtype).eps) * 4)
 
 
-def test_a_normaliser_of_0_goes_to_the_specification(direct_calls):
-    # L = eps = 0: query 0 (position 0) divides by log(1) = 0, the specification's NaN and
-    # infinite inputs; the direct path hands the call back
+def test_an_input_beyond_the_dtype_goes_to_the_specification(direct_calls):
+    # L = 0, eps = 1e-310 (a normaliser of 0 is refused with eps = 0): query 0 (position 0)
+    # divides by 1e-310, its inputs overflow to inf, where the specification's relu(1 - x)
+    # and relu(x - 1) are 0 and inf; the direct path hands the call back
     q, k, v = (torch.randn(2, 4, 3, dtype=torch.float64) for _ in range(3))
     w1, b1, w2 = (torch.randn(s, dtype=torch.float64) for s in ((3, 1), (3,), (2, 3)))
-    out = rp.fire_attention(q, k, v, w1, b1, w2, L=0.0, eps=0.0)
+    out = rp.fire_attention(q, k, v, w1, b1, w2, L=0.0, eps=1e-310)
     with kernels.disabled():
-        want = rp.fire_attention(q, k, v, w1, b1, w2, L=0.0, eps=0.0)
+        want = rp.fire_attention(q, k, v, w1, b1, w2, L=0.0, eps=1e-310)
     assert len(direct_calls) == 1
     np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-12, atol=1e-12)
 

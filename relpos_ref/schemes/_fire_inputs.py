@@ -14,6 +14,7 @@ row of :math:`\bar x` against :math:`\partial A / \partial c` and against
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .. import _xp
@@ -41,6 +42,24 @@ def _check_scalar(name: str, x: Any) -> None:
         _xp.check_floating(_xp.array_namespace(x), name, x)
     else:
         as_float(name, x)
+
+
+def _check_eps(eps: Any, c: Any, L: Any, t_q: int, q_offset: int) -> None:
+    # eps >= 0, and 0 only where no query's normaliser log(|c| max(|L|, p_i) + 1) is 0
+    # (c = 0, or L = 0 and a query at a position p_i <= 0): that row would be NaN
+    eps = as_float("eps", eps)
+    if not math.isfinite(eps) or eps < 0:
+        msg = f"`eps` must be a finite number >= 0, got {eps!r}"
+        raise ValueError(msg)
+    if eps or not t_q or any(hasattr(x, "shape") and _xp.is_lazy(x) for x in (c, L)):
+        return
+    c_value, l_value = float(c), float(L)
+    if c_value == 0 or (l_value == 0 and q_offset <= 0):
+        position = q_offset  # the first query: every one if c = 0, those at p_i <= 0 if L = 0
+        msg = (f"`eps` = 0 leaves the normaliser log(|c| max(|L|, p_i) + 1) + eps at 0 for "
+               f"the query at position {position} (c = {c_value:g}, L = {l_value:g}): its "
+               f"row would be NaN; pass eps > 0")
+        raise ValueError(msg)
 
 
 def _scalar(xp: Any, x: Any, dtype: Any, device: Any) -> Any:

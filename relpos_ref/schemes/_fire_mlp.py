@@ -33,6 +33,10 @@ def _check_mlp(w1: Any, b1: Any, w2: Any, b2: Any) -> int | None:
     for name, x in named.items():
         _xp.check_floating(xp, name, x)
     m = w1.shape[0] if w1.ndim == 1 else w1.shape[-2]
+    if m == 0:
+        msg = ("the MLP needs at least one hidden unit (m >= 1), got `w1` of shape "
+               f"{tuple(w1.shape)}")
+        raise ValueError(msg)
     if (w1.ndim > 1 and w1.shape[-1] != 1) or b1.shape[-1] != m or w2.shape[-1] != m or (
             b2 is not None and b2.ndim == 2 and b2.shape[-1] != 1):
         shown = ", ".join(f"`{n}` {tuple(x.shape)}" for n, x in named.items())

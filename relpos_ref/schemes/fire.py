@@ -64,7 +64,14 @@ from .._validate import as_float, as_int, nonnegative_int
 from ..attention import attention
 from ..calls import Call, Defaults, computes_in_float32, resolve_call
 from ..gradients import check_d_output, core_vjp, forward, sum_to_shape
-from ._fire_inputs import _check_scalar, _like, _parameter_gradients, _parts, _wide
+from ._fire_inputs import (
+    _check_eps,
+    _check_scalar,
+    _like,
+    _parameter_gradients,
+    _parts,
+    _wide,
+)
 from ._fire_mlp import _check_mlp, _tables, mlp_output, mlp_vjp
 
 __all__ = [
@@ -226,7 +233,7 @@ def fire_call(
     heads = _check_mlp(w1, b1, w2, b2)
     _check_scalar("c", c)
     _check_scalar("L", L)
-    as_float("eps", eps)
+    _check_eps(eps, c, L, call.t_q, call.q_offset)
     _xp.check_same_dtype(q=q, w1=w1, b1=b1, w2=w2, **{
         n: x for n, x in (("b2", b2), ("c", c), ("L", L)) if hasattr(x, "shape")})
     h = q.shape[-3] if q.ndim >= 3 else 1
@@ -259,7 +266,9 @@ def fire_attention(
     c, L : float or floating array of shape ``()``, optional
         Learned scalars (0.1 and 512, the paper's initial values).
     eps : float, optional
-        Added to the normaliser after its log.
+        Added to the normaliser after its log; finite, at least 0, and not 0
+        where a query's normaliser is 0 (``c = 0``, or ``L = 0`` and a query
+        at a position ``p_i <= 0``).
     scale, mask, return_weights
         As in `relpos_ref.attention`.
     causal : bool, optional
