@@ -36,6 +36,7 @@ from ._blocked_rows import (
     blocked_rows,
     check_blocked_arguments,
 )
+from ._numpy_blocks import kernel_arrays
 
 __all__ = ["blocked_kernels"]
 
@@ -61,7 +62,7 @@ def _blocked_kernel(name: str, forward: Callable[..., Any],
         if arguments is None:
             return NotImplemented  # the specification says what is wrong
         given, arrays = arguments
-        if not all(type(a) is np.ndarray for a in arrays):
+        if not kernel_arrays(*arrays):
             return NotImplemented
         checked = check_blocked_arguments(given)
         call = checked.call

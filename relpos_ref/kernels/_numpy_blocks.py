@@ -54,15 +54,41 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "KERNEL_DTYPES",
     "block_logits",
     "causal_width",
     "clipped_table_softmax",
     "distance_view",
     "flush_subnormals",
+    "kernel_arrays",
     "mask_block",
     "rows_per_block",
     "softmax_in_place",
 ]
+
+#: The floating dtypes the NumPy kernels compute in; any other (long double) goes to the
+#: specification.
+KERNEL_DTYPES = (np.float16, np.float32, np.float64)
+
+
+def kernel_arrays(*arrays: Any) -> bool:
+    """Whether every array (``None`` skipped) is a NumPy ndarray the kernels take.
+
+    Exactly `numpy.ndarray` (not a subclass, not another library's array),
+    and of a dtype in `KERNEL_DTYPES` where floating (masks and indices are
+    not). A call of long doubles goes to the specification, which computes
+    in them (the kernels' `math` on their limits raised a domain error).
+
+    Examples
+    --------
+    >>> kernel_arrays(np.zeros(2), None, np.ones(2, dtype=bool))
+    True
+    >>> kernel_arrays(np.zeros(2, dtype=np.longdouble))
+    False
+    """
+    return all(a is None or (type(a) is np.ndarray
+                             and (a.dtype.kind != "f" or a.dtype in KERNEL_DTYPES))
+               for a in arrays)
 
 #: Bytes of scores per row block: large enough that the NumPy calls per block are few
 #: (each costs microseconds), small enough to stay in the last-level cache.

@@ -21,7 +21,7 @@ import numpy as np
 from .. import catalog
 from .._validate import check_bool
 from ..lowering import bias_by_difference, lower
-from ._numpy_blocks import distance_view
+from ._numpy_blocks import distance_view, kernel_arrays
 from ._overflow import bounded
 
 __all__ = ["FORM_SCHEMES", "form_kernel"]
@@ -51,7 +51,7 @@ def form_kernel(name: str, attend: Callable[..., Any]) -> Callable[..., Any]:
             return NotImplemented  # the specification says what is wrong
         return_weights = given.pop("return_weights", False)
         arrays = {n: a for n, a in given.items() if hasattr(a, "shape")}
-        if not all(type(a) is np.ndarray for a in arrays.values()):
+        if not kernel_arrays(*arrays.values()):
             return NotImplemented
         q, k, v = given.pop("q"), given.pop("k"), given.pop("v")
         tables = [given.pop(t.name, None) for t in entry.tables]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..calls import Call, computes_in_float32
-from ._numpy_blocks import distance_view
+from ._numpy_blocks import distance_view, kernel_arrays
 from ._numpy_vjp import Block, Term, at, finite, sum_to
 from ._numpy_vjp_tiles import skew_view, tile_products, tile_rows
 from ._overflow import bounded
@@ -37,7 +37,7 @@ def _register(scheme: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 def _ndarrays(*arrays: Any) -> bool:
-    return all(a is None or type(a) is np.ndarray for a in arrays)
+    return kernel_arrays(*arrays)
 
 
 def _covered(scheme: str, q: np.ndarray, call: Call, mask: Any, k: np.ndarray, v: np.ndarray,

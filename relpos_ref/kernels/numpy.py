@@ -68,6 +68,7 @@ from ._numpy_blocks import (
     AddRows,
     block_logits,
     clipped_table_softmax,
+    kernel_arrays,
     softmax_in_place,
 )
 from ._numpy_cope import cope_forward
@@ -92,7 +93,7 @@ def _register(scheme: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 def _ndarrays(*arrays: Any) -> bool:
-    return all(a is None or type(a) is np.ndarray for a in arrays)
+    return kernel_arrays(*arrays)
 
 
 def _finite(*values: Any) -> bool:
