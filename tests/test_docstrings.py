@@ -67,6 +67,7 @@ MODULES = [
     "relpos_ref.schemes.swinv2",
     "relpos_ref.schemes.swinv2_table",
     "relpos_ref.schemes.rope_axes",
+    "relpos_ref.schemes.rope_learned",
     "relpos_ref.kernels._numpy_vjp_tiles",
     "relpos_ref.schemes._tables",
     "relpos_ref.blocked",

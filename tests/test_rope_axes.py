@@ -10,6 +10,8 @@ against the specification; properties under hypothesis; bad input by name.
 
 from __future__ import annotations
 
+import contextlib
+
 import _reference as ref
 import numpy as np
 import pytest
@@ -268,6 +270,10 @@ _AXES = {"axes_type": "mrope", "mrope_section": [2, 1, 1]}
      ValueError, r"rope_type 'dynamic' with policy 'per_call' reads it"),
     ({"rotary_at": "back"}, ValueError, r"`rotary_at` must be one of 'front', 'tail', got "
                                         r"'back'"),
+    ({"axes": {"axes_type": "mixed", "frequencies": np.ones((4, 2), dtype=np.int64)}},
+     TypeError, r'`axes\["frequencies"\]` must have a real floating dtype, got int64'),
+    ({"axes": {"axes_type": "mixed", "frequencies": np.ones((4, 2), dtype=bool)}},
+     TypeError, r'`axes\["frequencies"\]` must have a real floating dtype, got bool'),
 ])
 def test_bad_input_is_refused_by_name(kwargs, error, match):
     x = np.zeros((2, 4, 8))
@@ -297,3 +303,64 @@ def test_bad_converter_input_is_refused_by_name():
     torch = _torch()
     with pytest.raises(TypeError, match="different libraries"):
         rp.rope_rotate(torch.zeros(2, 4, 8), positions=np.zeros((1, 4), dtype=np.int64))
+
+
+def test_learned_frequencies_of_another_library_are_refused_by_name():
+    torch = pytest.importorskip("torch")
+    x = torch.zeros((2, 4, 8), dtype=torch.float64)
+    axes = {"axes_type": "mixed", "frequencies": np.ones((4, 2))}
+    for call in (lambda: rp.rope_rotate(x, base=BASE, axes=axes),
+                 lambda: rp.rope_attention(x, x, x, base=BASE, axes=axes)):
+        with pytest.raises(TypeError, match=r'`axes\["frequencies"\]` must be an array of the '
+                                            r"call's library \(torch\) or a nested list of "
+                                            r"numbers, got a numpy.ndarray"):
+            call()
+    # float32 frequencies of a float64 (or 16-bit) call are taken: the angles are wide
+    wide = {"axes_type": "mixed", "frequencies": torch.ones((4, 2), dtype=torch.float32)}
+    out = rp.rope_attention(x, x, x, base=BASE, axes=wide)
+    assert out.dtype == torch.float64
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize(("rotary_at", "rotary_dim"), [("front", None), ("tail", 4)])
+@pytest.mark.parametrize("given_positions", [False, True])
+def test_the_vjp_gives_the_learned_frequencies_gradient(layout, rotary_at, rotary_dim,
+                                                         given_positions):
+    """RoPE-Mixed's frequencies are learned: the VJP returns their gradient, equal to torch's
+    autograd through the specification, and the kernels give the same (NumPy's computes it,
+    torch's hands the call back)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(13)
+    q, k, v = (rng.standard_normal(s) for s in ((2, 2, 5, 8), (2, 2, 7, 8), (2, 2, 7, 3)))
+    table = rng.standard_normal((2, (rotary_dim or 8) // 2, 2))
+    positions = rng.integers(0, 9, (2, 7)) if given_positions else None
+    d_output = rng.standard_normal((2, 2, 5, 3))
+    options = {"layout": layout, "rotary_at": rotary_at, "rotary_dim": rotary_dim,
+               "q_offset": 2, "causal": True}
+    leaves = [torch.tensor(a, requires_grad=True) for a in (q, k, v, table)]
+    with kernels.disabled():
+        out = rp.rope_attention(*leaves[:3], axes={"axes_type": "mixed",
+                                                   "frequencies": leaves[3]},
+                                positions=None if positions is None else torch.tensor(positions),
+                                **options)
+    out.backward(torch.tensor(d_output))
+    want = dict(zip(["q", "k", "v", "frequencies"], (x.grad.numpy() for x in leaves),
+                    strict=True))
+    for library in ("numpy", "torch"):
+        wrap = np.asarray if library == "numpy" else torch.tensor
+        axes = {"axes_type": "mixed", "frequencies": wrap(table)}
+        call = {"d_output": wrap(d_output), "axes": axes,
+                "positions": None if positions is None else wrap(positions), **options}
+        for context in (kernels.disabled(), contextlib.nullcontext()):
+            with context:
+                got = rp.rope_attention_vjp(wrap(q), wrap(k), wrap(v), **call)
+            assert got.keys() == want.keys()
+            for name, grad in want.items():
+                np.testing.assert_allclose(np.asarray(got[name]), grad, rtol=1e-11,
+                                           atol=1e-12, err_msg=f"{library} {name}")
+
+
+def test_learned_frequencies_given_as_a_list_are_constants():
+    x = np.random.default_rng(1).standard_normal((3, 8))
+    axes = {"axes_type": "mixed", "frequencies": [[0.5, 0.1]] * 4}
+    assert set(rp.rope_attention_vjp(x, x, x, d_output=x, axes=axes)) == {"q", "k", "v"}

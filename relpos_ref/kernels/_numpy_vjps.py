@@ -61,6 +61,7 @@ from ..schemes import (
     t5,
     transformer_xl,
 )
+from ..schemes.rope_learned import call_frequency_gradient
 from . import _numpy_vjp_deberta, _numpy_vjp_tables  # noqa: F401  (they register)
 from ._numpy_terms import grid_terms, window_bias
 from ._numpy_vjp import (
@@ -145,7 +146,12 @@ def rope_attention_vjp(
     core = backward(q_rot, k_rot, v, d_output, call, mask=mask)
     dq, dk = rope.rope_pair(sum_to(core.dq, q.shape), sum_to(core.dk, k.shape), call,
                             inverse=True, **rotation)
-    return {"q": dq, "k": dk, "v": sum_to(core.dv, v.shape)}
+    grads = {"q": dq, "k": dk, "v": sum_to(core.dv, v.shape)}
+    learned = call_frequency_gradient(
+        q, call, [(core.dq, q_rot, call.q_offset), (core.dk, k_rot, 0)], rotation)
+    if learned is not None:
+        grads["frequencies"] = learned
+    return grads
 
 
 # -- scalar biases: a column constant of the skewed tile ------------------------------

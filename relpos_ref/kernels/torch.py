@@ -78,6 +78,7 @@ from ..blocked import mask_tile
 from ..calls import Call, check_terms, computes_in_float32
 from ..gradients import check_d_output
 from ..lowering import DistanceForm, form_terms
+from ..schemes.rope_learned import learned_frequencies
 from ._blocked_rows import (
     blocked_arguments,
     blocked_rows,
@@ -289,8 +290,9 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
                                              **arguments.tables, **arguments.terms,
                                              **{n: a for n, a in options.items()
                                                 if is_array(a)}})
-                or not _rotated_bounded(entry, call, options, given["q"], given["k"])):
-            return NotImplemented
+                or not _rotated_bounded(entry, call, options, given["q"], given["k"])
+                or learned_frequencies(options.get("axes")) is not None):
+            return NotImplemented  # (RoPE-Mixed's learned frequencies: the specification's)
         if name in DIRECT_VJP:
             return DIRECT_VJP[name](given["q"], given["k"], given["v"],
                                     {**arguments.tables, **_given_options(options, given)},

@@ -65,6 +65,7 @@ from .rope_angles import (
 )
 from .rope_axes import axes_cos_sin, check_axes, check_positions, rope_axes_frequencies
 from .rope_layouts import ROPE_LAYOUTS, ROTARY_AT, turn
+from .rope_learned import call_frequency_gradient
 from .rope_scaling import attention_factor, call_length, check_scaling, softmax_factor
 
 __all__ = [
@@ -385,7 +386,9 @@ def rope_attention_vjp(
     Returns
     -------
     dict
-        The gradient with respect to each of ``q``, ``k`` and ``v``, of its shape and dtype.
+        The gradient with respect to each of ``q``, ``k`` and ``v``, of its shape and
+        dtype, and ``"frequencies"``, that of RoPE-Mixed's learned ``axes["frequencies"]``
+        where they are an array (`relpos_ref.schemes.rope_learned`).
 
     Examples
     --------
@@ -405,4 +408,9 @@ def rope_attention_vjp(
     core = core_vjp(q_rot, k_rot, v, d_output, call, fwd)
     dq, dk = rope_pair(sum_to_shape(core.dq, q.shape), sum_to_shape(core.dk, k.shape), call,
                        inverse=True, **rotation)
-    return {"q": dq, "k": dk, "v": sum_to_shape(core.dv, v.shape)}
+    grads = {"q": dq, "k": dk, "v": sum_to_shape(core.dv, v.shape)}
+    learned = call_frequency_gradient(  # RoPE-Mixed's learned frequencies, given as an array
+        q, call, [(core.dq, q_rot, call.q_offset), (core.dk, k_rot, 0)], rotation)
+    if learned is not None:
+        grads["frequencies"] = learned
+    return grads

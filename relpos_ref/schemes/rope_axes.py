@@ -256,6 +256,22 @@ def rope_axes_frequencies(
     return tuple(out)
 
 
+def _check_learned(x: Any, table: Any) -> None:
+    # learned frequencies given as an array: `x`'s library, a real floating dtype (any
+    # width: float32 frequencies of a 16-bit model are the common case, and the angles are
+    # computed wide); a nested list of numbers is made an array of `x`'s namespace
+    if not array_api_compat.is_array_api_obj(table):
+        return
+    name = 'axes["frequencies"]'
+    try:
+        xp = _xp.array_namespace(x, table)
+    except TypeError:
+        msg = (f"`{name}` must be an array of the call's library ({type(x).__module__}) or a "
+               f"nested list of numbers, got a {type(table).__module__}.{type(table).__name__}")
+        raise TypeError(msg) from None
+    _xp.check_floating(xp, name, table)
+
+
 def check_positions(x: Any, positions: Any, rule: Mapping[str, Any] | None, *, rotary_dim: int,
                     scaling: Mapping[str, Any] | None, needed: int, offset: int = 0,
                     offset_name: str = "offset") -> Any:
@@ -281,6 +297,7 @@ def check_positions(x: Any, positions: Any, rule: Mapping[str, Any] | None, *, r
                    f"n_axes), got shape {shape}")
             raise ValueError(msg)
         broadcast_shapes(x=x.shape[:-1], frequencies=(*shape[:-2], 1))
+        _check_learned(x, rule["frequencies"])
         if check_scaling(scaling)["rope_type"] != "default":
             msg = (f"`scaling` applies to 1-D and 'mrope' frequencies, not to learned ones; "
                    f"got scaling {dict(scaling or {})!r}")
