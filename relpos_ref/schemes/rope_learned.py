@@ -36,8 +36,8 @@ def learned_frequencies(axes: Any) -> Any:
 
     Examples
     --------
-    >>> import numpy as np
-    >>> learned_frequencies({"axes_type": "mixed", "frequencies": np.ones((2, 1))}).shape
+    >>> import array_api_strict as xp
+    >>> learned_frequencies({"axes_type": "mixed", "frequencies": xp.ones((2, 1))}).shape
     (2, 1)
     >>> learned_frequencies({"axes_type": "mixed", "frequencies": [[1.0], [2.0]]}) is None
     True
@@ -97,13 +97,13 @@ def rope_frequency_gradient(table: Any, sides: list[tuple[Any, Any, int]], *,
 
     Examples
     --------
-    >>> import numpy as np
-    >>> table = np.asarray([[0.5]])  # one pair, one axis
-    >>> r = np.asarray([[1.0, 0.0], [0.0, 1.0]])  # two tokens, turned
-    >>> g = np.asarray([[0.0, 1.0], [0.0, 0.0]])  # d loss / d r2 of token 0
+    >>> import array_api_strict as xp
+    >>> table = xp.asarray([[0.5]])  # one pair, one axis
+    >>> r = xp.asarray([[1.0, 0.0], [0.0, 1.0]])  # two tokens, turned
+    >>> g = xp.asarray([[0.0, 1.0], [0.0, 0.0]])  # d loss / d r2 of token 0
     >>> rope_frequency_gradient(table, [(g, r, 3)], positions=None, rotary_dim=2,
     ...                         layout="half", rotary_at="front")  # p = 3: 3 * (1 * 1)
-    array([[3.]])
+    Array([[3.]], dtype=array_api_strict.float64)
     """
     rotation = {"rotary_dim": rotary_dim, "layout": layout, "rotary_at": rotary_at}
     xp = _xp.array_namespace(table, *(s[1] for s in sides))
