@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._validate import check_bool, check_choice, positive_int
+from ._validate import as_float, check_bool, check_choice, positive_int
 from .schemes.rope_axes import check_axes
 from .schemes.rope_scaling import POLICIES, check_scaling
 
@@ -129,17 +129,27 @@ def rope_from_config(
         msg = f"`rope_parameters['rope_type']` must be one of {listed}, got {kind!r}"
         raise ValueError(msg)
     theta = given.pop("rope_theta", None)
-    base = float(theta if theta is not None else rope_theta if rope_theta is not None
-                 else 10000.0)
+    base = as_float("rope_theta", theta if theta is not None else rope_theta
+                    if rope_theta is not None else 10000.0)
+    if base <= 0:
+        msg = f"`rope_theta` must be > 0, got {base!r}"
+        raise ValueError(msg)
     fraction = given.pop("partial_rotary_factor", None)
-    fraction = float(fraction if fraction is not None else partial_rotary_factor
-                     if partial_rotary_factor is not None else 1.0)
+    fraction = as_float("partial_rotary_factor", fraction if fraction is not None
+                        else partial_rotary_factor if partial_rotary_factor is not None else 1.0)
+    if not 0 < fraction <= 1:
+        msg = f"`partial_rotary_factor` must be in (0, 1], got {fraction!r}"
+        raise ValueError(msg)
     unknown = sorted(set(given) - set(_READS[kind]))
     if unknown:
         msg = (f"`rope_parameters` of rope_type {kind!r} has field(s) {', '.join(unknown)} "
                f"that it does not read; its fields: {', '.join(_READS[kind]) or 'none'}")
         raise ValueError(msg)
     rotary_dim = head_dim if kind == "proportional" else int(head_dim * fraction)
+    if rotary_dim % 2:
+        msg = (f"the rotated width int(head_dim * partial_rotary_factor) = int({head_dim} * "
+               f"{fraction!r}) = {rotary_dim} must be even (its features turn in pairs)")
+        raise ValueError(msg)
     scaling = _scaling(kind, given, fraction, max_position_embeddings, policy, softmax_mscale)
     check_scaling(scaling)
     out = {"base": base, "rotary_dim": rotary_dim, "layout": layout, "scaling": scaling}

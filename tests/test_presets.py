@@ -210,6 +210,12 @@ def test_rope_from_config_reads_rope_parameters(params, kwargs, want):
     ({"rope_type": "linear"}, {}, "rope_type 'linear' needs `factor`"),
     (None, {"head_dim": 0}, "`head_dim` must be >= 1"),
     (None, {"policy": "sometimes"}, "`policy` must be one of"),
+    (None, {"partial_rotary_factor": 1.5}, r"`partial_rotary_factor` must be in \(0, 1\], got 1.5"),
+    ({"partial_rotary_factor": 0.0}, {}, r"`partial_rotary_factor` must be in \(0, 1\], got 0.0"),
+    (None, {"rope_theta": -1.0}, "`rope_theta` must be > 0, got -1.0"),
+    ({"rope_theta": "1e4"}, {}, "`rope_theta` must be a real number, got '1e4' of type str"),
+    (None, {"head_dim": 127}, r"int\(127 \* 1.0\) = 127 must be even"),
+    (None, {"head_dim": 64, "partial_rotary_factor": 0.3}, r"int\(64 \* 0.3\) = 19 must be even"),
 ])
 def test_rope_from_config_names_what_is_wrong(params, kwargs, match):
     with pytest.raises(ValueError, match=match):

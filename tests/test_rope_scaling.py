@@ -300,6 +300,9 @@ def test_cos_sin_are_those_of_the_positions_in_use(xp):
     ({"rope_type": "longrope", "short_factor": [1.0] * 3, "long_factor": [1.0] * 4,
       "original_max_position_embeddings": 8, "factor": 2.0},
      r"`scaling\[\"short_factor\"\]` must have rotary_dim / 2 = 4 entries, got 3"),
+    ({"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [1.0] * 5,
+      "original_max_position_embeddings": 8, "factor": 2.0},  # a short call reads no long one
+     r"`scaling\[\"long_factor\"\]` must have rotary_dim / 2 = 4 entries, got 5"),
     ({"rope_type": "longrope", "short_factor": [1.0, -1.0, 1.0, 1.0], "long_factor": [1.0] * 4,
       "original_max_position_embeddings": 8, "factor": 2.0},
      r"`scaling\[\"short_factor\"\]\[1\]` must be > 0"),

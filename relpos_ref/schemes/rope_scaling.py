@@ -378,13 +378,12 @@ def longrope_factors(n: int, rd: int, s: Mapping[str, Any], length: int) -> tupl
     """The LongRoPE factors a call reads: long past L0 (its length, or the deployment's)."""
     l0 = s["original_max_position_embeddings"]
     span = length if s["policy"] == "per_call" else s["max_position_embeddings"]
-    name = "long_factor" if span > l0 else "short_factor"
-    factors = s[name]
-    if len(factors) != n:
-        msg = (f"{_field(name)} must have rotary_dim / 2 = {n} entries, got "
-               f"{len(factors)} (`rotary_dim` = {rd})")
-        raise ValueError(msg)
-    return factors
+    for field in ("short_factor", "long_factor"):  # both, whichever this call reads
+        if len(s[field]) != n:
+            msg = (f"{_field(field)} must have rotary_dim / 2 = {n} entries, got "
+                   f"{len(s[field])} (`rotary_dim` = {rd})")
+            raise ValueError(msg)
+    return s["long_factor" if span > l0 else "short_factor"]
 
 
 def proportional_pairs(rd: int, s: Mapping[str, Any]) -> int:
