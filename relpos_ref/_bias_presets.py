@@ -29,6 +29,10 @@ def per_head_vector(table: Any, **_: Any) -> Any:
     array([0., 1., 2.])
     """
     xp = _xp.array_namespace(table)
+    if sum(n != 1 for n in table.shape) > 1:
+        msg = (f"`table` must hold one value per head, (h, 1, 1) or (1, h, 1, 1), got shape "
+               f"{tuple(table.shape)}")
+        raise ValueError(msg)
     return xp.reshape(table, (-1,))
 
 
@@ -44,6 +48,10 @@ def negate_first_layer(w1: Any, **_: Any) -> Any:
     >>> negate_first_layer(np.asarray([[1.0, -2.0]]))
     array([[-1.,  2.]])
     """
+    if not hasattr(w1, "shape") or w1.ndim not in (2, 3) or w1.shape[-1] != 2:
+        msg = (f"`w1` must be the first layer's weight (m, 2) (or (h, m, 2)), got shape "
+               f"{tuple(getattr(w1, 'shape', ()))}")
+        raise ValueError(msg)
     return -w1
 
 

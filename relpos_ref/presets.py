@@ -67,8 +67,24 @@ def _identity(table: Any, **_: Any) -> Any:
     return table
 
 
+def _check_layout(table: Any, ndim: int, layout: str) -> None:
+    # the stored layout a converter reads: `ndim` axes, named in the message
+    if not hasattr(table, "shape") or table.ndim != ndim:
+        msg = f"`table` must be stored as {layout}, got shape {tuple(getattr(table, 'shape', ()))}"
+        raise ValueError(msg)
+
+
+def _check_heads(table: Any, heads: int, layout: str) -> None:
+    if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1 or (
+            table.shape[0] % heads):
+        msg = (f"`heads` must be a whole number >= 1 that divides the {table.shape[0]} rows "
+               f"of {layout}, got {heads!r}")
+        raise ValueError(msg)
+
+
 def _heads_last_to_first(table: Any, *, scale: float = 1.0) -> Any:
     """``(n, h)`` -> ``(h, n)``, times `scale`."""
+    _check_layout(table, 2, "(num_buckets, h)")
     xp = _xp.array_namespace(table)
     out = xp.permute_dims(table, (1, 0))
     return out if scale == 1.0 else out * scale
@@ -82,6 +98,8 @@ def _reverse_rows(table: Any, **_: Any) -> Any:
 
 def _linear_heads_first(table: Any, *, heads: int) -> Any:
     """A ``Linear(d_model, h d)`` weight ``(h d, d_model)`` -> ``(h, d_model, d)``."""
+    _check_layout(table, 2, "a Linear weight (h d, d_model)")
+    _check_heads(table, heads, "a Linear weight (h d, d_model)")
     xp = _xp.array_namespace(table)
     d_model = table.shape[-1]
     split = xp.reshape(table, (heads, table.shape[0] // heads, d_model))
@@ -90,6 +108,7 @@ def _linear_heads_first(table: Any, *, heads: int) -> Any:
 
 def _xlnet(table: Any, **_: Any) -> Any:
     """XLNet's ``r`` ``(d_model, h, d)`` -> ``(h, d_model, d)``."""
+    _check_layout(table, 3, "XLNet's r (d_model, h, d)")
     xp = _xp.array_namespace(table)
     return xp.permute_dims(table, (1, 0, 2))
 
@@ -106,6 +125,12 @@ def _conformer(table: Any, *, heads: int) -> Any:
 
 def _deberta(table: Any, *, heads: int) -> Any:
     """Projected relative embeddings ``(2S, h d)``, rows ``i - j + S`` -> ``(h, 2S, d)``, ours."""
+    _check_layout(table, 2, "projected relative embeddings (2S, h d)")
+    if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1 or (
+            table.shape[1] % heads):
+        msg = (f"`heads` must be a whole number >= 1 that divides the width {table.shape[1]} "
+               f"of (2S, h d), got {heads!r}")
+        raise ValueError(msg)
     xp = _xp.array_namespace(table)
     rows = table.shape[0]
     split = xp.reshape(table, (rows, heads, table.shape[1] // heads))
@@ -114,6 +139,7 @@ def _deberta(table: Any, *, heads: int) -> Any:
 
 def _swin(table: Any, **_: Any) -> Any:
     """Swin's ``(n, h)`` query-minus-key table -> our ``(h, n)`` key-minus-query table."""
+    _check_layout(table, 2, "Swin's table (n, h)")
     xp = _xp.array_namespace(table)
     return xp.flip(xp.permute_dims(table, (1, 0)), axis=-1)
 
@@ -169,7 +195,10 @@ class Preset:
         >>> PRESETS["diagonal-future-to-past"].to_canonical(np.arange(3.0)[:, None]).ravel()
         array([2., 1., 0.])
         """
-        return self.convert(table, **options)
+        try:
+            return self.convert(table, **options)
+        except ValueError as exc:  # the stored layout the preset reads, named
+            raise ValueError(f"preset {self.name!r}: {exc}") from None
 
 
 def bert_key_query(q: Any, k: Any, table: Any, /) -> Any:

@@ -220,3 +220,21 @@ def test_rope_from_config_reads_rope_parameters(params, kwargs, want):
 def test_rope_from_config_names_what_is_wrong(params, kwargs, match):
     with pytest.raises(ValueError, match=match):
         rope_from_config(params, **{"head_dim": 64, **kwargs})
+
+
+@pytest.mark.parametrize(("name", "shape", "options", "match"), [
+    ("hf-t5", (32,), {}, r"preset 'hf-t5': `table` must be stored as \(num_buckets, h\), "
+                         r"got shape \(32,\)"),
+    ("x-transformers-t5", (32, 2, 1), {}, r"stored as \(num_buckets, h\)"),
+    ("swin", (9,), {}, r"preset 'swin': `table` must be stored as Swin's table \(n, h\)"),
+    ("nemo-kerple", (2, 8, 1, 1), {}, r"one value per head, \(h, 1, 1\) or \(1, h, 1, 1\), "
+                                      r"got shape \(2, 8, 1, 1\)"),
+    ("swinv2", (5, 3), {}, r"preset 'swinv2': `w1` must be the first layer's weight \(m, 2\)"),
+    ("transformer-xl", (10, 4), {"heads": 3}, r"`heads` must be a whole number >= 1 that "
+                                              r"divides the 10 rows"),
+    ("xlnet", (4, 8), {}, r"stored as XLNet's r \(d_model, h, d\), got shape \(4, 8\)"),
+    ("hf-deberta-v2", (8, 6), {"heads": 4}, r"divides the width 6 of \(2S, h d\), got 4"),
+])
+def test_a_table_of_the_wrong_layout_is_refused_naming_the_preset(name, shape, options, match):
+    with pytest.raises(ValueError, match=match):
+        PRESETS[name].to_canonical(np.zeros(shape), **options)
