@@ -134,8 +134,15 @@ def test_the_two_peers_centres_differ_by_one_on_odd_lengths_and_the_attention_do
 def test_scales_beyond_the_dtype_are_refused_naming_the_centre():
     q = k = v = np.zeros((1, 2, 8), dtype=np.float32)
     xpos.xpos_attention(q, k, v, q_offset=35_000, center=0)  # |p| <= 35694: fine
-    with pytest.raises(ValueError, match="`center` 0 leaves positions"):
+    with pytest.raises(ValueError, match=r"`center` 0 leaves positions .* centre the call "
+                                         r"\(center='middle'\) \(or use float64\)"):
         xpos.xpos_attention(q, k, v, q_offset=40_000, center=0)
+    # centred already, or beyond even the centre's reach: the advice is the scale base
+    wide = np.zeros((1, 80_000, 8), dtype=np.float32)
+    for center in (0, "middle"):
+        with pytest.raises(ValueError, match=r"a `scale_base` above 574 keeps the centred call "
+                                             r"in range \(or use float64\)"):
+            xpos.xpos_attention(q, wide, wide, center=center)
     # the same call, centred at L // 2 = 20001: each scale within float32
     out = xpos.xpos_attention(q + 1, k + 1, v + 1, q_offset=40_000, center="middle")
     assert np.isfinite(out).all()

@@ -148,10 +148,14 @@ def _check_range(xp: Any, dtype: Any, *, low: int, high: int, zeta: tuple[float,
     reach = math.floor(room * scale_base / -math.log(zeta[0]))
     far = max(abs(low - center), abs(high - center))
     if far > reach:
+        centred = (high - low + 1) // 2  # the farthest position from the middle of the call
+        needed = centred * -math.log(zeta[0]) / room
+        fix = ("centre the call (center='middle')" if centred <= reach and centred < far
+               else f"a `scale_base` above {needed:.3g} keeps the centred call in range")
         msg = (f"`center` {center} leaves positions {low} .. {high} up to {far} away, where "
                f"the scale zeta^(p - center)/{scale_base:g} leaves the range of {dtype} "
-               f"(|p - center| <= {reach}); centre the call (center='middle')"
-               + ("" if info.bits >= 64 else " or use float64"))
+               f"(|p - center| <= {reach}); {fix}"
+               + ("" if info.bits >= 64 else " (or use float64)"))
         raise ValueError(msg)
 
 
