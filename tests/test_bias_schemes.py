@@ -127,8 +127,8 @@ def test_alibi_forms_agree_under_a_causal_mask(xp):
 
 
 def test_alibi_bad_input(xp):
-    with pytest.raises(ValueError, match="`num_heads` must be"):
-        rp.alibi_slopes(0)
+    with pytest.raises(ValueError, match="`num_heads` must be >= 0, got -1"):
+        rp.alibi_slopes(-1)
     with pytest.raises(ValueError, match="head axis at -3"):
         rp.alibi_attention(*(xp.zeros((3, 4)) for _ in range(3)))
     with pytest.raises(ValueError, match=r"`slopes` must have shape \(h,\)"):
@@ -239,3 +239,15 @@ def test_rope_bad_input(xp):
         rp.rope_rotate(x, layout="neox")
     with pytest.raises(ValueError, match="`base` must be > 0"):
         rp.rope_frequencies(4, base=0.0)
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "kerple", "sandwich"])
+def test_no_head_is_an_empty_batch(backend, scheme):
+    """Heads derived from q (slopes, ratios): none, as fire, cope and forgetting have it, gives
+    an empty output and empty gradients, not an error naming `num_heads`."""
+    q = backend.asarray(np.zeros((0, 4, 8)))
+    out = getattr(rp, f"{scheme}_attention")(q, q, q)
+    grads = getattr(rp, f"{scheme}_attention_vjp")(q, q, q, d_output=q)
+    assert tuple(out.shape) == (0, 4, 8)
+    assert all(0 in tuple(g.shape) for g in grads.values())
+    assert rp.alibi_slopes(0) == () and rp.sandwich_ratios(0) == ()

@@ -34,7 +34,7 @@ from typing import Any
 
 from .. import _xp
 from .._exact import float_dtype
-from .._validate import as_int, check_bool, check_choice, nonnegative_int, positive_int
+from .._validate import as_int, check_bool, check_choice, nonnegative_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 from ..distance_gradients import distance_axis, scalar_rows_vjp
@@ -70,7 +70,7 @@ def alibi_slopes(num_heads: int, *, rule: str = "paper") -> tuple[float, ...]:
     Parameters
     ----------
     num_heads : int
-        ``>= 1``.
+        ``>= 0`` (no head, as in an empty batch: no slope).
     rule : {"paper", "power_of_two"}, optional
         ``"power_of_two"``: ``2^(-8 (h + 1) / n)`` whatever ``n`` (attention-gym,
         the PyTorch FlexAttention blog), the paper's only for a power of two.
@@ -89,9 +89,9 @@ def alibi_slopes(num_heads: int, *, rule: str = "paper") -> tuple[float, ...]:
     >>> [round(m, 4) for m in alibi_slopes(3, rule="power_of_two")]
     [0.1575, 0.0248, 0.0039]
     """
-    n = positive_int("num_heads", num_heads)
-    if check_choice("rule", rule, SLOPE_RULES) == "power_of_two":
-        return tuple(_power_of_two_slopes(n))
+    n = nonnegative_int("num_heads", num_heads)
+    if check_choice("rule", rule, SLOPE_RULES) == "power_of_two" or n == 0:
+        return tuple(_power_of_two_slopes(n)) if n else ()
     p = 1 << (n.bit_length() - 1)  # the largest power of two <= n
     slopes = _power_of_two_slopes(p)
     if p < n:

@@ -59,7 +59,7 @@ def sandwich_ratios(num_heads: int) -> tuple[float, ...]:
     Parameters
     ----------
     num_heads : int
-        ``H >= 1``.
+        ``H >= 0`` (no head, as in an empty batch: no ratio).
 
     Returns
     -------
@@ -71,7 +71,7 @@ def sandwich_ratios(num_heads: int) -> tuple[float, ...]:
     >>> sandwich_ratios(4)
     (2.0, 4.0, 6.0, 8.0)
     """
-    n = positive_int("num_heads", num_heads)
+    n = nonnegative_int("num_heads", num_heads)
     return tuple(8.0 * (h + 1) / n for h in range(n))
 
 
