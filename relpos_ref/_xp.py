@@ -7,6 +7,7 @@ imported until an array of it is seen) and is done the same way everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import array_api_compat
@@ -21,6 +22,7 @@ __all__ = [
     "index_dtype",
     "is_lazy",
     "library_name",
+    "named_namespace",
     "size",
 ]
 
@@ -82,6 +84,36 @@ def array_namespace(*arrays: Any) -> Any:
         )
         raise TypeError(msg)
     return array_api_compat.array_namespace(*present)
+
+
+def named_namespace(named: Mapping[str, Any]) -> Any:
+    """`array_namespace` of arrays by argument name; a refusal names the argument.
+
+    ``None`` entries are skipped. An argument that is not an array, or arrays
+    of several libraries, raise a `TypeError` that names each argument.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> named_namespace({"q": np.zeros(2), "r1": 1.0})
+    Traceback (most recent call last):
+    ...
+    TypeError: `r1` must be an array of the call's library, got 1.0 of type float
+    """
+    present = {n: a for n, a in named.items() if a is not None}
+    for name, a in present.items():
+        if not array_api_compat.is_array_api_obj(a):
+            shown = repr(a) if len(repr(a)) <= 40 else repr(a)[:37] + "..."
+            msg = (f"`{name}` must be an array of the call's library, got {shown} of type "
+                   f"{type(a).__name__}")
+            raise TypeError(msg)
+    libraries = {n: library_name(a) for n, a in present.items()}
+    if len(set(libraries.values())) > 1:
+        listing = ", ".join(f"`{n}` ({lib})" for n, lib in libraries.items())
+        msg = (f"arrays come from different libraries: {listing}; convert them to one "
+               "library first")
+        raise TypeError(msg)
+    return array_namespace(*present.values())
 
 
 def device(x: Any) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
@@ -73,7 +73,7 @@ def check_qkv(q: Any, k: Any, v: Any) -> tuple[Any, tuple[int, ...]]:
     `TypeError` for mixed libraries, non-floating or mixed dtypes, and a
     `ValueError` naming the shapes when they do not fit together.
     """
-    xp = _xp.array_namespace(q, k, v)
+    xp = _xp.named_namespace({"q": q, "k": k, "v": v})
     for name, a in (("q", q), ("k", k), ("v", v)):
         _xp.check_floating(xp, name, a)
         if a.ndim < 2:
@@ -204,7 +204,7 @@ def resolve_call(
     causal: bool | None,
     q_offset: int | None,
     defaults: Defaults = PLAIN,
-    tables: Sequence[Any] = (),
+    tables: Sequence[Any] | Mapping[str, Any] = (),
 ) -> Call:
     """Validate an attention call's common arguments and resolve ``None`` defaults.
 
@@ -220,9 +220,10 @@ def resolve_call(
         As passed by the caller; ``None`` takes the scheme's default.
     defaults : Defaults, optional
         The scheme's defaults.
-    tables : sequence, optional
-        The scheme's tables (``None`` for omitted ones), for a scale rule
-        that depends on them and for the one-library check.
+    tables : mapping or sequence, optional
+        The scheme's tables (``None`` for omitted ones), by argument name (a
+        sequence: by position), in order, for a scale rule that depends on
+        them and for the one-library check, whose refusal names them.
 
     Returns
     -------
@@ -238,7 +239,9 @@ def resolve_call(
     (0.5, True, 0)
     """
     xp, batch = check_qkv(q, k, v)
-    _xp.array_namespace(q, k, v, mask, *tables)  # one library for every array argument
+    named = tables if isinstance(tables, Mapping) else {
+        f"table {n}": t for n, t in enumerate(tables)}
+    _xp.named_namespace({"q": q, "k": k, "v": v, "mask": mask, **named})  # one library
     *_, t_q, d = q.shape
     t_k = k.shape[-2]
     check_mask(xp, mask, (*batch, t_q, t_k))
@@ -248,7 +251,7 @@ def resolve_call(
         t_q,
         t_k,
         d,
-        defaults.resolve_scale(scale, d, tables),
+        defaults.resolve_scale(scale, d, list(named.values())),
         defaults.resolve_causal(causal),
         defaults.resolve_q_offset(q_offset, t_q, t_k),
     )

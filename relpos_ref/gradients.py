@@ -190,7 +190,7 @@ def check_d_output(d_output: Any, q: Any, call: Call, d_v: int, *, mask: Any = N
     if d_output is None:
         msg = "`d_output` must be an array, the gradient of the loss with respect to the output"
         raise TypeError(msg)
-    _xp.array_namespace(q, d_output)
+    _xp.named_namespace({"q": q, "d_output": d_output})
     _xp.check_floating(call.xp, "d_output", d_output)
     _xp.check_same_dtype(q=q, d_output=d_output)
     batch = tuple(call.batch)

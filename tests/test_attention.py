@@ -145,10 +145,16 @@ def test_bad_input(backend, xp):
 def test_mixed_namespaces_are_named():
     torch = pytest.importorskip("torch")
     q = np.ones((3, 4))
-    with pytest.raises(TypeError, match=r"different libraries \(numpy, torch\)"):
+    with pytest.raises(TypeError, match=r"different libraries: `q` \(numpy\), `k` \(torch\), "
+                                        r"`v` \(numpy\); convert"):
         rp.attention(q, torch.ones((3, 4), dtype=torch.float64), q)
-    with pytest.raises(TypeError, match=r"different libraries \(numpy, torch\)"):
+    with pytest.raises(TypeError, match=r"different libraries: .*`mask` \(torch\)"):
         rp.attention(q, q, q, mask=torch.ones((3, 3), dtype=torch.bool))
+    with pytest.raises(TypeError, match=r"different libraries: .*`table` \(torch\)"):
+        rp.bias_attention(q, q, q, torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"`r1` must be an array of the call's library, got 1.0 "
+                                        r"of type float"):
+        rp.kerple_attention(q[None], q[None], q[None], r1=1.0)
 
 
 def test_compose_logits_scales_content_and_position_not_bias(xp):

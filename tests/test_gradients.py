@@ -379,7 +379,8 @@ _SHAPE = r"`d_output` must broadcast to the output's shape \(2, 3, 4\), got shap
     (np.ones((2, 1, 1)), None, None),
     (np.ones((2, 3, 4), dtype=np.float32), TypeError, r"`d_output` is float32"),
     (np.ones((2, 3, 4), dtype=np.int64), TypeError, "`d_output` must have a real floating"),
-    ([[1.0]], TypeError, "expected an array, got an object of type 'list'"),
+    ([[1.0]], TypeError, r"`d_output` must be an array of the call's library, got \[\[1.0\]\] "
+                         "of type list"),
     (None, TypeError, "`d_output` must be an array"),
 ])
 def test_d_output_is_checked(d_output, error, message):

@@ -125,7 +125,7 @@ def absolute_call(
     """
     call = resolve_call(
         q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
-        tables=(table,),
+        tables={"table": table},
     )
     _check_positions(q, table, call.t_k)
     return call

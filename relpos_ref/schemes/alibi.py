@@ -250,7 +250,7 @@ def alibi_call(
     """
     call = resolve_call(
         q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
-        tables=(slopes,),
+        tables={"slopes": slopes},
     )
     xp = call.xp
     check_bool("symmetric", symmetric)

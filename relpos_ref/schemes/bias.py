@@ -112,7 +112,7 @@ def bias_call(
     """
     call = resolve_call(
         q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
-        tables=(table,),
+        tables={"table": table},
     )
     check_choice("beyond", beyond, BEYOND_POLICIES)
     _entries(table, q, max_past)

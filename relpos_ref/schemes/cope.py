@@ -257,7 +257,7 @@ def cope_call(
     (True, 0.5)
     """
     call = resolve_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
-                        defaults=DEFAULTS, tables=(table,))
+                        defaults=DEFAULTS, tables={"table": table})
     check_table("table", table, q, width=call.d)
     if table.shape[-2] < 1:
         msg = f"`table` must have at least one row (max_pos >= 1), got shape {tuple(table.shape)}"
@@ -299,7 +299,7 @@ def cope_term(
            [4., 2.]], dtype=array_api_strict.float64)
     """
     call = resolve_call(q, k, k[..., :1], scale=scale, mask=mask, causal=causal,
-                        q_offset=q_offset, tables=(table,))
+                        q_offset=q_offset, tables={"table": table})
     check_table("table", table, q, width=call.d)
     return _term(q, k, table, call, mask)[0]
 

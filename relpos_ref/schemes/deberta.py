@@ -221,7 +221,7 @@ def deberta_call(
     """
     call = resolve_call(
         q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
-        tables=(key_table, query_table),
+        tables={"key_table": key_table, "query_table": query_table},
     )
     check_method(method)
     span = _check_tables(q, key_table, query_table)

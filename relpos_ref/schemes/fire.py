@@ -227,7 +227,8 @@ def fire_call(
     ...           q_offset=None).causal
     True
     """
-    tables = tuple(x for x in (w1, b1, w2, b2, c, L) if hasattr(x, "shape"))
+    tables = {n: x for n, x in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2), ("c", c),
+                                ("L", L)) if hasattr(x, "shape")}
     call = resolve_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
                         defaults=DEFAULTS, tables=tables)
     heads = _check_mlp(w1, b1, w2, b2)

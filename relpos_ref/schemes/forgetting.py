@@ -284,7 +284,7 @@ def forgetting_call(
     True
     """
     call = resolve_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
-                        defaults=DEFAULTS, tables=(f,))
+                        defaults=DEFAULTS, tables={"f": f})
     if not call.causal:
         msg = ("`causal` must be True for the forgetting bias (its sum runs from the key to "
                f"the query, j <= i), got {causal!r}")

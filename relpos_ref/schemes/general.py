@@ -255,7 +255,7 @@ def general_call(
     """
     call = resolve_call(
         q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
-        tables=(table,),
+        tables={"table": table},
     )
     check_method(method)
     check_table("table", table, q, width=q.shape[-1])

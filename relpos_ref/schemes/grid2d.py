@@ -182,7 +182,7 @@ def grid2d_call(
     """
     call = resolve_call(
         q, k, v, scale=scale, mask=mask, causal=causal, q_offset=0, defaults=DEFAULTS,
-        tables=(row_table, col_table),
+        tables={"row_table": row_table, "col_table": col_table},
     )
     check_method(method)
     height, width = _check_grid(q, row_table, col_table, height, width)

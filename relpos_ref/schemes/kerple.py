@@ -208,7 +208,7 @@ def kerple_call(
     Array([1., 1.], dtype=array_api_strict.float64)
     """
     call = resolve_call(q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset,
-                        defaults=DEFAULTS, tables=(r1, r2))
+                        defaults=DEFAULTS, tables={"r1": r1, "r2": r2})
     check_choice("kernel", kernel, KERNELS)
     used1 = _default_or_checked(call, "r1", r1, alibi_slopes, q)
     used2 = _default_or_checked(call, "r2", r2, lambda h: [1.0] * h, q)

@@ -295,7 +295,7 @@ def music_call(
     """
     call = resolve_call(
         q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
-        tables=(table, value_table),
+        tables={"table": table, "value_table": value_table},
     )
     check_method(method)
     check_value_width(value_table, v)

@@ -247,9 +247,9 @@ def rope_call(
     length = call_length(call.t_q, call.t_k, call.q_offset)
     rd = rotary_width(q.shape[-1], rotary_dim)
     rope_frequencies(rd, base=base, scaling=rule, length=length)
-    for x, offset in ((q, call.q_offset), (k, 0)):
+    for name, x, offset in (("q", q, call.q_offset), ("k", k, 0)):
         check_positions(x, positions, check_axes(axes), rotary_dim=rd, scaling=rule,
-                        needed=length, offset=offset, offset_name="q_offset")
+                        needed=length, offset=offset, offset_name="q_offset", name=name)
     angle_dtype(call.xp, q.dtype, _xp.device(q), offset=call.q_offset, t=call.t_q,
                 name="q_offset", t_other=call.t_k)
     factor = softmax_factor(rule)

@@ -274,7 +274,7 @@ def _check_learned(x: Any, table: Any) -> None:
 
 def check_positions(x: Any, positions: Any, rule: Mapping[str, Any] | None, *, rotary_dim: int,
                     scaling: Mapping[str, Any] | None, needed: int, offset: int = 0,
-                    offset_name: str = "offset") -> Any:
+                    offset_name: str = "offset", name: str = "x") -> Any:
     """`positions` as an integer array of `x`'s namespace, checked against the call.
 
     ``(n, ..., L)``: ``n`` the axes of `rule`, ``L >= needed`` (the call's
@@ -296,7 +296,7 @@ def check_positions(x: Any, positions: Any, rule: Mapping[str, Any] | None, *, r
             msg = (f'`axes["frequencies"]` must have shape (..., rotary_dim / 2 = {pairs}, '
                    f"n_axes), got shape {shape}")
             raise ValueError(msg)
-        broadcast_shapes(x=x.shape[:-1], frequencies=(*shape[:-2], 1))
+        broadcast_shapes(**{name: x.shape[:-1], 'axes["frequencies"]': (*shape[:-2], 1)})
         _check_learned(x, rule["frequencies"])
         if check_scaling(scaling)["rope_type"] != "default":
             msg = (f"`scaling` applies to 1-D and 'mrope' frequencies, not to learned ones; "
@@ -327,7 +327,7 @@ def check_positions(x: Any, positions: Any, rule: Mapping[str, Any] | None, *, r
     if offset < 0:
         msg = f"`{offset_name}` must be >= 0 with `positions` (a token index), got {offset}"
         raise ValueError(msg)
-    broadcast_shapes(x=x.shape[:-2], positions=shape[1:-1])
+    broadcast_shapes(**{name: x.shape[:-2], "positions": shape[1:-1]})
     return positions
 
 

@@ -141,7 +141,8 @@ def call_frequency_gradient(q: Any, call: Call, sides: list[tuple[Any, Any, int]
     rd = rotary_width(q.shape[-1], rotation.get("rotary_dim"))
     positions = check_positions(q, rotation.get("positions"), check_axes(rotation["axes"]),
                                 rotary_dim=rd, scaling=rotation.get("scaling"),
-                                needed=call.q_offset + call.t_q, offset=call.q_offset)
+                                needed=call.q_offset + call.t_q, offset=call.q_offset,
+                                name="q")
     return rope_frequency_gradient(table, sides, positions=positions, rotary_dim=rd,
                                    layout=rotation.get("layout", "half"),
                                    rotary_at=rotation.get("rotary_at", "front"))

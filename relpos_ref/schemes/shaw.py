@@ -237,7 +237,7 @@ def shaw_call(
     """
     call = resolve_call(
         q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
-        tables=(key_table, value_table),
+        tables={"key_table": key_table, "value_table": value_table},
     )
     check_method(method)
     check_choice("beyond", beyond, BEYOND_POLICIES)

@@ -130,7 +130,7 @@ def swin_call(
     """
     call = resolve_call(
         q, k, v, scale=scale, mask=mask, causal=False, q_offset=0, defaults=DEFAULTS,
-        tables=(table,),
+        tables={"table": table},
     )
     wh = positive_int("window_height", window_height)
     ww = positive_int("window_width", window_width)

@@ -125,7 +125,8 @@ def swinv2_call(
         raise ValueError(msg)
     call = resolve_call(
         q, k, v, scale=1.0 if logit_scale is not None else scale, mask=mask, causal=False,
-        q_offset=0, defaults=DEFAULTS, tables=(w1, b1, w2, None if one_number else logit_scale),
+        q_offset=0, defaults=DEFAULTS,
+        tables={"w1": w1, "b1": b1, "w2": w2, "logit_scale": None if one_number else logit_scale},
     )
     heads = _check_mlp(w1, b1, w2)
     wh = positive_int("window_height", window_height)

@@ -242,7 +242,7 @@ def t5_call(
     """
     call = resolve_call(
         q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
-        tables=(table,),
+        tables={"table": table},
     )
     check_table("table", table, q, scalar=True)
     bidirectional = check_bool("bidirectional", bidirectional)

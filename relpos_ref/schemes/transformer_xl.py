@@ -221,7 +221,7 @@ def transformer_xl_call(
     """
     call = resolve_call(
         q, k, v, scale=scale, mask=mask, causal=causal, q_offset=q_offset, defaults=DEFAULTS,
-        tables=(w_r, content_bias, position_bias),
+        tables={"w_r": w_r, "content_bias": content_bias, "position_bias": position_bias},
     )
     check_method(method)
     _clamp_len(clamp_len)
