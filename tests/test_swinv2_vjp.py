@@ -181,3 +181,16 @@ def test_bad_logit_scale_is_named(kwargs, error, match):
     with pytest.raises(error, match=match):
         rp.swinv2_attention(*(arrays[n] for n in NAMES[:6]), window_height=WH,
                             window_width=WW, **kwargs)
+
+
+def test_tables_of_another_dtype_are_refused_by_name():
+    """No silent upcast, as every other scheme: the MLP and an array logit_scale take q's."""
+    arrays, _, _ = _arrays(False, None, False)
+    tables = [arrays[n] for n in NAMES[3:6]]
+    half = [t.astype(np.float16) for t in tables]
+    with pytest.raises(TypeError, match=r"no silent upcast.*`w1` is float16"):
+        rp.swinv2_attention(*(arrays[n] for n in NAMES[:3]), *half, window_height=WH,
+                            window_width=WW)
+    with pytest.raises(TypeError, match=r"no silent upcast.*`logit_scale` is float32"):
+        rp.swinv2_attention(*(arrays[n] for n in NAMES[:6]), window_height=WH,
+                            window_width=WW, logit_scale=np.asarray(2.0, dtype=np.float32))
