@@ -23,6 +23,7 @@ __all__ = [
     "is_lazy",
     "library_name",
     "named_namespace",
+    "readable",
     "size",
 ]
 
@@ -219,6 +220,27 @@ def check_same_dtype(**named: Any) -> None:
 def is_lazy(x: Any) -> bool:
     """Whether `x`'s values cannot be read on the host now (jit tracers, dask, JAX)."""
     return array_api_compat.is_lazy_array(x)
+
+
+def readable(x: Any) -> bool:
+    """Whether `x`'s values can be read on the host now without breaking a trace.
+
+    Not for lazy arrays (`is_lazy`: JAX, dask), nor for torch while
+    ``torch.compile`` traces (a branch on values would split its graph).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> readable(np.zeros(2))
+    True
+    """
+    if is_lazy(x):
+        return False
+    if library_name(x) == "torch":
+        import torch
+
+        return not torch.compiler.is_compiling()
+    return True
 
 
 def size(x: Any) -> int | None:

@@ -9,7 +9,8 @@ page of ``docs/`` and the README, outside code blocks (those run as tests):
   else plain attention; the value is the first one written after
   ``scale=None`` ("unscaled", ``scale=1``, ``1/\\sqrt{d}``, ...);
 - "``$s = ...$``, the default of ``<scheme>_attention``";
-- the table of defaults in ``docs/conventions.md`` (its ``scale`` column);
+- (the table of defaults in ``docs/conventions.md`` is generated from the catalog at
+  build time, and tested in ``tests/test_docs.py``);
 - the "scaling" rows of the conventions tables ("T5: 1", "T5 uses $s = 1$").
 
 Each is compared with ``catalog.get(name).defaults.scale(d, tables)``.
@@ -129,12 +130,13 @@ def test_each_statement_of_the_default_scale_agrees_with_the_catalog(statement):
 
 
 def test_the_statements_are_found():
-    # T5's page (the sentence and its formula), the conventions' table (13 schemes and
-    # plain), its prose and scaling row, the README's sentence and scaling row
+    # T5's page (the sentence and its formula), the conventions' prose and scaling row,
+    # the README's sentence and scaling row
     where = {(p, s) for p, _, s, _ in ALL}
     assert ("docs/schemes/t5.md", "t5") in where and ("README.md", "t5") in where
-    assert len({s for p, _, s, _ in ALL if p == "docs/conventions.md"}) == 13
-    assert len(ALL) >= 20
+    # the table of defaults is generated from the catalog (tests/test_docs.py checks it)
+    assert {s for p, _, s, _ in ALL if p == "docs/conventions.md"} >= {"t5", "deberta"}
+    assert len(ALL) >= 8
 
 
 def test_the_old_t5_sentence_would_be_refused(tmp_path):

@@ -175,8 +175,8 @@ def _gate_sums(f: Any) -> tuple[Any, Any]:
     zero = xp.zeros((), dtype=wide, device=_xp.device(f))
     unread = closed | nan
     finite = xp.cumulative_sum(xp.where(unread, zero, logs), axis=-1)
-    if not _xp.is_lazy(f) and not bool(xp.any(unread)):
-        return finite, None  # every gate finite (what can be read now)
+    if _xp.readable(f) and not bool(xp.any(unread)):
+        return finite, None  # every gate finite (where that can be read now)
     counts = xp.stack([xp.cumulative_sum(xp.astype(c, wide), axis=-1) for c in (closed, nan)])
     return finite, counts
 
