@@ -225,8 +225,10 @@ def is_lazy(x: Any) -> bool:
 def readable(x: Any) -> bool:
     """Whether `x`'s values can be read on the host now without breaking a trace.
 
-    Not for lazy arrays (`is_lazy`: JAX, dask), nor for torch while
-    ``torch.compile`` traces (a branch on values would split its graph).
+    Not for lazy arrays (`is_lazy`: JAX, dask), nor for torch under
+    ``torch.compile``, a CUDA graph's capture, or a ``torch.func`` transform
+    (``vmap``, ``grad``), where a branch on values would split or break the
+    trace.
 
     Examples
     --------
@@ -239,7 +241,10 @@ def readable(x: Any) -> bool:
     if library_name(x) == "torch":
         import torch
 
-        return not torch.compiler.is_compiling()
+        if torch.compiler.is_compiling() or (
+                torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            return False
+        return not torch._C._functorch.is_functorch_wrapped_tensor(x)
     return True
 
 

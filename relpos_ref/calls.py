@@ -241,7 +241,7 @@ def resolve_call(
     xp, batch = check_qkv(q, k, v)
     named = tables if isinstance(tables, Mapping) else {
         f"table {n}": t for n, t in enumerate(tables)}
-    _xp.named_namespace({"q": q, "k": k, "v": v, "mask": mask, **named})  # one library
+    _xp.named_namespace({"q": q, "mask": mask, **named})  # one library (q, k, v: checked)
     *_, t_q, d = q.shape
     t_k = k.shape[-2]
     check_mask(xp, mask, (*batch, t_q, t_k))

@@ -52,6 +52,7 @@ array([[0., 2., 4.],
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,12 +75,21 @@ def _check_layout(table: Any, ndim: int, layout: str) -> None:
         raise ValueError(msg)
 
 
-def _check_heads(table: Any, heads: int, layout: str) -> None:
-    if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1 or (
-            table.shape[0] % heads):
-        msg = (f"`heads` must be a whole number >= 1 that divides the {table.shape[0]} rows "
-               f"of {layout}, got {heads!r}")
+def _whole(heads: Any) -> int | None:
+    # `heads` as an int (NumPy's integers too), or None for anything else (a bool, a float)
+    if isinstance(heads, bool) or not isinstance(heads, numbers.Integral):
+        return None
+    return int(heads)
+
+
+def _check_heads(table: Any, heads: Any, layout: str, *, axis: int = 0,
+                 what: str = "rows") -> int:
+    n = _whole(heads)
+    if n is None or n < 1 or table.shape[axis] % n:
+        msg = (f"`heads` must be a whole number >= 1 that divides the {table.shape[axis]} "
+               f"{what} of {layout}, got {heads!r}")
         raise ValueError(msg)
+    return n
 
 
 def _heads_last_to_first(table: Any, *, scale: float = 1.0) -> Any:
@@ -99,7 +109,7 @@ def _reverse_rows(table: Any, **_: Any) -> Any:
 def _linear_heads_first(table: Any, *, heads: int) -> Any:
     """A ``Linear(d_model, h d)`` weight ``(h d, d_model)`` -> ``(h, d_model, d)``."""
     _check_layout(table, 2, "a Linear weight (h d, d_model)")
-    _check_heads(table, heads, "a Linear weight (h d, d_model)")
+    heads = _check_heads(table, heads, "a Linear weight (h d, d_model)")
     xp = _xp.array_namespace(table)
     d_model = table.shape[-1]
     split = xp.reshape(table, (heads, table.shape[0] // heads, d_model))
@@ -126,11 +136,7 @@ def _conformer(table: Any, *, heads: int) -> Any:
 def _deberta(table: Any, *, heads: int) -> Any:
     """Projected relative embeddings ``(2S, h d)``, rows ``i - j + S`` -> ``(h, 2S, d)``, ours."""
     _check_layout(table, 2, "projected relative embeddings (2S, h d)")
-    if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1 or (
-            table.shape[1] % heads):
-        msg = (f"`heads` must be a whole number >= 1 that divides the width {table.shape[1]} "
-               f"of (2S, h d), got {heads!r}")
-        raise ValueError(msg)
+    heads = _check_heads(table, heads, "(2S, h d)", axis=1, what="columns")
     xp = _xp.array_namespace(table)
     rows = table.shape[0]
     split = xp.reshape(table, (rows, heads, table.shape[1] // heads))

@@ -450,3 +450,18 @@ def test_the_pieces_sum_live_units_only_and_read_relu_s_0_at_an_infinite_input()
     x = np.asarray([[np.inf, 0.5]])
     args = (np.asarray([[-1.0], [-2.0]]), np.asarray([0.5, 0.3]), np.ones((1, 2)), None)
     np.testing.assert_array_equal(mlp_by_pieces(x, *args), mlp_output(x, *args))
+
+
+def test_eps_0_is_taken_where_no_query_that_sees_a_key_has_a_normaliser_of_0():
+    # causal queries before position 0 see no key: a normaliser of 0 there changes nothing
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((2, 2, 3))
+    k = v = rng.standard_normal((2, 4, 3))
+    mlp = (rng.standard_normal((3, 1)), rng.standard_normal(3), rng.standard_normal((2, 3)))
+    with np.errstate(divide="ignore", invalid="ignore"):  # the rows without a key
+        out = rp.fire_attention(q, k, v, *mlp, eps=0.0, L=0.0, q_offset=-2)
+    assert (out == 0).all()
+    with pytest.raises(ValueError, match="at 0 for the query at position -2"):
+        rp.fire_attention(q, k, v, *mlp, eps=0.0, L=0.0, q_offset=-2, causal=False)
+    with pytest.raises(ValueError, match="at 0 for the query at position 0"):
+        rp.fire_attention(q, k, v, *mlp, eps=0.0, L=0.0, q_offset=-1)

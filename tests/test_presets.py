@@ -233,8 +233,14 @@ def test_rope_from_config_names_what_is_wrong(params, kwargs, match):
     ("transformer-xl", (10, 4), {"heads": 3}, r"`heads` must be a whole number >= 1 that "
                                               r"divides the 10 rows"),
     ("xlnet", (4, 8), {}, r"stored as XLNet's r \(d_model, h, d\), got shape \(4, 8\)"),
-    ("hf-deberta-v2", (8, 6), {"heads": 4}, r"divides the width 6 of \(2S, h d\), got 4"),
+    ("hf-deberta-v2", (8, 6), {"heads": 4}, r"divides the 6 columns of \(2S, h d\), got 4"),
+    ("transformer-xl", (8, 4), {"heads": 2.0}, r"`heads` must be a whole number >= 1 .* 2.0"),
 ])
 def test_a_table_of_the_wrong_layout_is_refused_naming_the_preset(name, shape, options, match):
     with pytest.raises(ValueError, match=match):
         PRESETS[name].to_canonical(np.zeros(shape), **options)
+
+
+def test_a_head_count_of_numpy_s_integers_is_taken():
+    out = PRESETS["transformer-xl"].to_canonical(np.zeros((8, 4)), heads=np.int64(2))
+    assert out.shape == (2, 4, 4)

@@ -194,3 +194,8 @@ def test_tables_of_another_dtype_are_refused_by_name():
     with pytest.raises(TypeError, match=r"no silent upcast.*`logit_scale` is float32"):
         rp.swinv2_attention(*(arrays[n] for n in NAMES[:6]), window_height=WH,
                             window_width=WW, logit_scale=np.asarray(2.0, dtype=np.float32))
+    # a number is no array, NumPy's scalars included, whatever their width
+    out = rp.swinv2_attention(*(arrays[n] for n in NAMES[:6]), window_height=WH,
+                              window_width=WW, logit_scale=np.float32(2.0))
+    np.testing.assert_array_equal(out, rp.swinv2_attention(
+        *(arrays[n] for n in NAMES[:6]), window_height=WH, window_width=WW, logit_scale=2.0))

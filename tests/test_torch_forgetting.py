@@ -113,3 +113,18 @@ def test_a_differentiated_call_goes_through_the_lowering(direct_calls):
     out = rp.forgetting_attention(q, k, v, f)
     out.sum().backward()
     assert not direct_calls and f.grad is not None and torch.isfinite(f.grad).all()
+
+
+def test_the_gates_are_read_under_vmap_as_under_torch_func_transforms():
+    """vmap wraps f: the bias's check for closed gates reads no value there, and a closed
+    gate inside a vmapped call still masks exactly its pairs."""
+    f = torch.randn(3, 2, 5, dtype=torch.float64)
+    f[1, 0, 2] = -torch.inf
+    got = torch.func.vmap(lambda x: rp.forgetting_bias(x, 5))(f)
+    for i in range(3):
+        torch.testing.assert_close(got[i], rp.forgetting_bias(f[i], 5), rtol=0, atol=0)
+    assert (got[1, 0, 2:, :2] == -torch.inf).all() and torch.isfinite(got[0]).all()
+    q = torch.randn(2, 5, 4, dtype=torch.float64)
+    out = torch.func.vmap(lambda x: rp.forgetting_attention(q, q, q, x))(f)
+    for i in range(3):
+        torch.testing.assert_close(out[i], rp.forgetting_attention(q, q, q, f[i]))

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.autograd.forward_ad import unpack_dual
 
+from .. import _xp
 from ..calls import Call
 from ._overflow import limit, logit_bound
 
@@ -38,8 +39,7 @@ def traced(*arrays: Any) -> bool:
         return True
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return True
-    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-    return any(a is not None and wrapped(a) for a in arrays)
+    return any(a is not None and not _xp.readable(a) for a in arrays)
 
 
 def is_array(x: Any) -> bool:

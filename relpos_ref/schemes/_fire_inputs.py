@@ -44,21 +44,27 @@ def _check_scalar(name: str, x: Any) -> None:
         as_float(name, x)
 
 
-def _check_eps(eps: Any, c: Any, L: Any, t_q: int, q_offset: int) -> None:
-    # eps >= 0, and 0 only where no query's normaliser log(|c| max(|L|, p_i) + 1) is 0
-    # (c = 0, or L = 0 and a query at a position p_i <= 0): that row would be NaN
+def _check_eps(eps: Any, c: Any, L: Any, call: Any) -> None:
+    # eps >= 0, and 0 only where no query that sees a key has a normaliser of 0,
+    # log(|c| max(|L|, p_i) + 1) = 0: every query if c = 0, those at p_i <= 0 if L = 0
+    # (a causal query before position 0 sees no key: its row is zeros whatever its input)
     eps = as_float("eps", eps)
     if not math.isfinite(eps) or eps < 0:
         msg = f"`eps` must be a finite number >= 0, got {eps!r}"
         raise ValueError(msg)
-    if eps or not t_q or any(hasattr(x, "shape") and _xp.is_lazy(x) for x in (c, L)):
+    if eps or not call.t_q or not call.t_k or not all(
+            _xp.readable(x) for x in (c, L) if hasattr(x, "shape")):
         return
     c_value, l_value = float(c), float(L)
-    if c_value == 0 or (l_value == 0 and q_offset <= 0):
-        position = q_offset  # the first query: every one if c = 0, those at p_i <= 0 if L = 0
+    first, last = call.q_offset, call.q_offset + call.t_q - 1
+    if c_value != 0:
+        last = min(last, 0) if l_value == 0 else first - 1  # L = 0: p_i <= 0; else none
+    if call.causal:
+        first = max(first, 0)
+    if first <= last:
         msg = (f"`eps` = 0 leaves the normaliser log(|c| max(|L|, p_i) + 1) + eps at 0 for "
-               f"the query at position {position} (c = {c_value:g}, L = {l_value:g}): its "
-               f"row would be NaN; pass eps > 0")
+               f"the query at position {first} (c = {c_value:g}, L = {l_value:g}): its row "
+               f"would be NaN; pass eps > 0")
         raise ValueError(msg)
 
 

@@ -234,7 +234,7 @@ def fire_call(
     heads = _check_mlp(w1, b1, w2, b2)
     _check_scalar("c", c)
     _check_scalar("L", L)
-    _check_eps(eps, c, L, call.t_q, call.q_offset)
+    _check_eps(eps, c, L, call)
     _xp.check_same_dtype(q=q, w1=w1, b1=b1, w2=w2, **{
         n: x for n, x in (("b2", b2), ("c", c), ("L", L)) if hasattr(x, "shape")})
     h = q.shape[-3] if q.ndim >= 3 else 1
@@ -268,8 +268,9 @@ def fire_attention(
         Learned scalars (0.1 and 512, the paper's initial values).
     eps : float, optional
         Added to the normaliser after its log; finite, at least 0, and not 0
-        where a query's normaliser is 0 (``c = 0``, or ``L = 0`` and a query
-        at a position ``p_i <= 0``).
+        where a query that sees a key has a normaliser of 0 (``c = 0``, or
+        ``L = 0`` and a query at a position ``p_i <= 0``; causal queries
+        before position 0 see none).
     scale, mask, return_weights
         As in `relpos_ref.attention`.
     causal : bool, optional

@@ -129,8 +129,9 @@ def swinv2_call(
         tables={"w1": w1, "b1": b1, "w2": w2, "logit_scale": None if one_number else logit_scale},
     )
     heads = _check_mlp(w1, b1, w2)
-    _xp.check_same_dtype(q=q, w1=w1, b1=b1, w2=w2, **(
-        {"logit_scale": logit_scale} if hasattr(logit_scale, "dtype") else {}))
+    _xp.check_same_dtype(q=q, w1=w1, b1=b1, w2=w2, **(  # a number (NumPy's too) is no array
+        {"logit_scale": logit_scale} if not one_number and hasattr(logit_scale, "dtype")
+        else {}))
     wh = positive_int("window_height", window_height)
     ww = positive_int("window_width", window_width)
     _pretrained(pretrained_window)
