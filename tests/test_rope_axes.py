@@ -364,3 +364,35 @@ def test_learned_frequencies_given_as_a_list_are_constants():
     x = np.random.default_rng(1).standard_normal((3, 8))
     axes = {"axes_type": "mixed", "frequencies": [[0.5, 0.1]] * 4}
     assert set(rp.rope_attention_vjp(x, x, x, d_output=x, axes=axes)) == {"q", "k", "v"}
+
+
+@pytest.mark.parametrize("batched", ["frequencies", "positions"])
+def test_a_rotation_with_batch_axes_of_its_own_has_its_vjp(batched):
+    """Learned frequencies (3, 2, R/2, n) or positions (n, 3, 2, L) widen the output's batch
+    past q's: the VJP takes a cotangent of the output's shape, turns each element's gradient
+    back by its own rotation and then sums it to q's shape (summing first was wrong)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(21)
+    q, k, v = (rng.standard_normal(s) for s in ((2, 5, 8), (2, 7, 8), (2, 7, 3)))
+    extra = ({"axes": {"axes_type": "mixed", "frequencies": rng.standard_normal((3, 2, 4, 2))}}
+             if batched == "frequencies" else
+             {"positions": rng.integers(0, 9, (1, 3, 2, 7))})
+
+    def wrap(options, to):
+        return {n: ({**o, "frequencies": to(o["frequencies"])} if n == "axes" else to(o))
+                for n, o in options.items()}
+
+    leaves = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+    with kernels.disabled():
+        out = rp.rope_attention(*leaves, q_offset=1, **wrap(extra, torch.tensor))
+    assert tuple(out.shape) == (3, 2, 5, 3)
+    d_output = rng.standard_normal((3, 2, 5, 3))
+    out.backward(torch.tensor(d_output))
+    for to in (np.asarray, torch.tensor):
+        for context in (kernels.disabled(), contextlib.nullcontext()):
+            with context:
+                got = rp.rope_attention_vjp(to(q), to(k), to(v), d_output=to(d_output),
+                                            q_offset=1, **wrap(extra, to))
+            for name, leaf in zip("qkv", leaves, strict=True):
+                np.testing.assert_allclose(np.asarray(got[name]), leaf.grad.numpy(),
+                                           rtol=1e-11, atol=1e-12, err_msg=name)

@@ -144,8 +144,8 @@ def rope_attention_vjp(
     if not _covered("plain", q_rot, call, mask, k_rot, v, d_output):
         return NotImplemented
     core = backward(q_rot, k_rot, v, d_output, call, mask=mask)
-    dq, dk = rope.rope_pair(sum_to(core.dq, q.shape), sum_to(core.dk, k.shape), call,
-                            inverse=True, **rotation)
+    dq, dk = rope.rope_pair(core.dq, core.dk, call, inverse=True, **rotation)  # then summed
+    dq, dk = sum_to(dq, q.shape), sum_to(dk, k.shape)
     grads = {"q": dq, "k": dk, "v": sum_to(core.dv, v.shape)}
     learned = call_frequency_gradient(
         q, call, [(core.dq, q_rot, call.q_offset), (core.dk, k_rot, 0)], rotation)

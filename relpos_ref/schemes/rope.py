@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import _xp
-from .._validate import as_int, check_bool, check_choice, nonnegative_int
+from .._validate import as_int, broadcast_shapes, check_bool, check_choice, nonnegative_int
 from ..attention import attention
 from ..calls import PLAIN, Call, computes_in_float32, resolve_call
 from ..gradients import (
@@ -65,7 +65,7 @@ from .rope_angles import (
 )
 from .rope_axes import axes_cos_sin, check_axes, check_positions, rope_axes_frequencies
 from .rope_layouts import ROPE_LAYOUTS, ROTARY_AT, turn
-from .rope_learned import call_frequency_gradient
+from .rope_learned import call_frequency_gradient, learned_frequencies
 from .rope_scaling import attention_factor, call_length, check_scaling, softmax_factor
 
 __all__ = [
@@ -248,10 +248,21 @@ def rope_call(
     rd = rotary_width(q.shape[-1], rotary_dim)
     rope_frequencies(rd, base=base, scaling=rule, length=length)
     for name, x, offset in (("q", q, call.q_offset), ("k", k, 0)):
-        check_positions(x, positions, check_axes(axes), rotary_dim=rd, scaling=rule,
-                        needed=length, offset=offset, offset_name="q_offset", name=name)
+        given = check_positions(x, positions, check_axes(axes), rotary_dim=rd, scaling=rule,
+                                needed=length, offset=offset, offset_name="q_offset",
+                                name=name)
     angle_dtype(call.xp, q.dtype, _xp.device(q), offset=call.q_offset, t=call.t_q,
                 name="q_offset", t_other=call.t_k)
+    # the output's batch: learned frequencies (..., R/2, n) and positions (n, ..., L) may
+    # carry batch axes that q, k and v lack
+    rotation_batch = {}
+    table = learned_frequencies(axes)
+    if table is not None:
+        rotation_batch['axes["frequencies"]'] = tuple(table.shape[:-2])
+    if given is not None:
+        rotation_batch["positions"] = tuple(given.shape[1:-1])
+    if rotation_batch:
+        call = call._replace(batch=broadcast_shapes(q=tuple(call.batch), **rotation_batch))
     factor = softmax_factor(rule)
     return call if factor == 1.0 else call._replace(scale=call.scale * factor)
 
@@ -406,8 +417,10 @@ def rope_attention_vjp(
     q_rot, k_rot = rope_pair(q, k, call, **rotation)
     fwd = forward(q_rot, k_rot, call, mask=mask)
     core = core_vjp(q_rot, k_rot, v, d_output, call, fwd)
-    dq, dk = rope_pair(sum_to_shape(core.dq, q.shape), sum_to_shape(core.dk, k.shape), call,
-                       inverse=True, **rotation)
+    # turned back, then summed over the axes broadcast: the rotations may differ along
+    # them (batched positions or learned frequencies)
+    dq, dk = rope_pair(core.dq, core.dk, call, inverse=True, **rotation)
+    dq, dk = sum_to_shape(dq, q.shape), sum_to_shape(dk, k.shape)
     grads = {"q": dq, "k": dk, "v": sum_to_shape(core.dv, v.shape)}
     learned = call_frequency_gradient(  # RoPE-Mixed's learned frequencies, given as an array
         q, call, [(core.dq, q_rot, call.q_offset), (core.dk, k_rot, 0)], rotation)
