@@ -156,6 +156,17 @@ def _reached(allowed: Any, like: Any, axis: DistanceAxis, layout: Any) -> Any:
     return layout(xp.astype(allowed, like.dtype), axis) > zero
 
 
+def _rows_vjp(d_position: Any, x: Any, rows: Any, axis: DistanceAxis, layout: Any,
+              allowed: Any) -> tuple[Any, Any]:
+    # the transpose of a side's term x . rows[r], read through `layout` (by the side's axis)
+    xp = _xp.array_namespace(d_position, x, rows)
+    g = layout(d_position, axis)
+    reached = _reached(allowed, g, axis, layout)
+    dx = masked_product(g, rows, used=reached)
+    d_rows = masked_product(xp.matrix_transpose(g), x, used=xp.matrix_transpose(reached))
+    return dx, d_rows
+
+
 def query_rows_vjp(d_position: Any, q: Any, rows: Any, axis: DistanceAxis, /, *,
                    allowed: Any = None) -> tuple[Any, Any]:
     r"""Transpose of :math:`P_{ij} = q_i \cdot \text{rows}_{r_{ij}}`: ``(dq, d_rows)``.
@@ -163,23 +174,13 @@ def query_rows_vjp(d_position: Any, q: Any, rows: Any, axis: DistanceAxis, /, *,
     `rows` holds one row per distance of `axis`, ``(n, d)`` or ``(h, n, d)``;
     ``d_rows`` is ``(..., n, d)`` over the call's batch.
     """
-    xp = _xp.array_namespace(d_position, q, rows)
-    g = by_distance(d_position, axis)
-    reached = _reached(allowed, g, axis, by_distance)
-    dq = masked_product(g, rows, used=reached)
-    d_rows = masked_product(xp.matrix_transpose(g), q, used=xp.matrix_transpose(reached))
-    return dq, d_rows
+    return _rows_vjp(d_position, q, rows, axis, by_distance, allowed)
 
 
 def key_rows_vjp(d_position: Any, k: Any, rows: Any, axis: DistanceAxis, /, *,
                  allowed: Any = None) -> tuple[Any, Any]:
     r"""Transpose of :math:`P_{ij} = k_j \cdot \text{rows}_{r_{ij}}`: ``(dk, d_rows)``."""
-    xp = _xp.array_namespace(d_position, k, rows)
-    g = keys_by_distance(d_position, axis)
-    reached = _reached(allowed, g, axis, keys_by_distance)
-    dk = masked_product(g, rows, used=reached)
-    d_rows = masked_product(xp.matrix_transpose(g), k, used=xp.matrix_transpose(reached))
-    return dk, d_rows
+    return _rows_vjp(d_position, k, rows, axis, keys_by_distance, allowed)
 
 
 def scalar_rows_vjp(d_bias: Any, axis: DistanceAxis, /) -> Any:

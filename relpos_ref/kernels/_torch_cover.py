@@ -30,15 +30,11 @@ def all_tensors(*arrays: Any) -> bool:
 
 
 def traced(*arrays: Any) -> bool:
-    """Whether the call is traced: no value of it may be read back.
+    """Whether the call is traced: no value of it may be read back (`relpos_ref._xp.readable`).
 
     Under ``torch.compile``, a CUDA graph's capture, or a tensor wrapped by a
     ``torch.func`` transform (``vmap``, ``grad``).
     """
-    if torch.compiler.is_compiling():
-        return True
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return True
     return any(a is not None and not _xp.readable(a) for a in arrays)
 
 

@@ -193,6 +193,13 @@ def attention_forward(
         else:
             j_start = j_future
             j_end = hi
+        if PART != 1:  # each term's one row for the whole run: the first or the last
+            if HAS_QW:
+                q_end = q_first if PART == 0 else q_last
+            if HAS_KW:
+                k_end = tk0 if PART == 0 else tk1
+            if HAS_VW:
+                v_end = tv0 if PART == 0 else tv1
         if WINDOWED or PART == 1:
             for j0 in range(j_start, j_end, BN):
                 offs_n = j0 + jj
@@ -201,31 +208,25 @@ def attention_forward(
                 s = product(q, tl.trans(k), Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
                 if PART == 1:
                     c = j0 - i0 + t_q - BM + w  # the window's differences
+                    diagonal = jj[None, :] - ii[:, None] + (BM - 1)  # the window column of a pair
                 if HAS_QW:
-                    if PART == 0:
-                        s += q_first[:, None]
-                    elif PART == 2:
-                        s += q_last[:, None]
+                    if PART != 1:
+                        s += q_end[:, None]
                     else:
                         rq = tl.load(RQ + c, mask=(c >= 0) & (c < n_diff), other=-1)
                         tq = tl.load(TQ + h * stqh + rq[:, None] * stqm + offs_d[None, :],
                                      mask=(rq[:, None] >= 0) & d_ok[None, :], other=0.0)
                         sw = product(qw, tl.trans(tq), QW_WIDE, TQ_WIDE, DOT, OPERAND, PRECISION)
-                        # the window column of each pair
-                        diagonal = jj[None, :] - ii[:, None] + (BM - 1)
                         s += tl.gather(sw, diagonal, axis=1)
                 if HAS_KW:
                     kw = load_rows(KW, a, b, h, sxa, sxb, sxh, sxn, offs_n, offs_d, n_ok, d_ok)
-                    if PART == 0:
-                        s += tl.sum(kw.to(ACC) * tk0[None, :], axis=1)[None, :]
-                    elif PART == 2:
-                        s += tl.sum(kw.to(ACC) * tk1[None, :], axis=1)[None, :]
+                    if PART != 1:
+                        s += tl.sum(kw.to(ACC) * k_end[None, :], axis=1)[None, :]
                     else:
                         rk = tl.load(RK + c, mask=(c >= 0) & (c < n_diff), other=-1)
                         tk = tl.load(TK + h * stkh + rk[:, None] * stkm + offs_d[None, :],
                                      mask=(rk[:, None] >= 0) & d_ok[None, :], other=0.0)
                         sk = product(tk, tl.trans(kw), TK_WIDE, False, DOT, OPERAND, PRECISION)
-                        diagonal = jj[None, :] - ii[:, None] + (BM - 1)
                         s += tl.gather(sk, diagonal, axis=0)
                 s = s * scale
                 inside = m_ok[:, None] & n_ok[None, :]
@@ -250,10 +251,8 @@ def attention_forward(
                 vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv, n_ok, dv_ok)
                 acc += product(p, vals, SPLIT, False, DOT, OPERAND, PRECISION)
                 if HAS_VW:
-                    if PART == 0:
-                        acc += tl.sum(p, axis=1)[:, None] * tv0[None, :]
-                    elif PART == 2:
-                        acc += tl.sum(p, axis=1)[:, None] * tv1[None, :]
+                    if PART != 1:
+                        acc += tl.sum(p, axis=1)[:, None] * v_end[None, :]
                     else:
                         # the key column of each window column
                         spread = w[None, :] + ii[:, None] - (BM - 1)

@@ -134,6 +134,17 @@ def call_frequency_gradient(q: Any, call: Call, sides: list[tuple[Any, Any, int]
     takes them (``axes``, ``positions``, ``rotary_dim``, ``layout``,
     ``rotary_at``, ``scaling``); `sides` as in `rope_frequency_gradient`.
     The specification's backward pass and the NumPy kernel's read it.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relpos_ref.calls import resolve_call
+    >>> q = xp.asarray([[1.0, 0.0]])  # one query at position 2, one pair, turned by 2 F
+    >>> call = resolve_call(q, q, q, scale=None, mask=None, causal=None, q_offset=2)
+    >>> rotation = {"axes": {"axes_type": "mixed", "frequencies": xp.asarray([[0.0]])}}
+    >>> g = xp.asarray([[0.0, 1.0]])  # the loss grows with the turned pair's second feature
+    >>> call_frequency_gradient(q, call, [(g, q, 2)], rotation)  # 2 * (1 * 1)
+    Array([[2.]], dtype=array_api_strict.float64)
     """
     table = learned_frequencies(rotation.get("axes"))
     if table is None:
