@@ -153,6 +153,7 @@ class Plan(NamedTuple):
     bias: Any  # the biases by distance, summed, reversed: (L, n), or None
     values: tuple[Values, ...]
     blocks: tuple[tuple[int, int, int], ...]  # (a, b, width)
+    dense: Any = None  # s P + B of the form's dense terms, keys reversed: (1 or L, t_q, t_k)
 
 
 def fits(form: DistanceForm) -> bool:
@@ -193,11 +194,16 @@ def _key_product(term: Any, lead: tuple[int, ...], s: float) -> Any:
     return out
 
 
-def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None) -> Plan:
+def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None,
+         dense: Any = None) -> Plan:
     """What a call's blocks read: the contents with the keys reversed, one product per term.
 
     `flipped`: ``k'`` and ``v`` with their keys already reversed (a blocked
-    call reverses them once for all its tiles).
+    call reverses them once for all its tiles). `dense`: a dense term
+    ``(..., t_q, t_k)`` with its keys already reversed, added to the scores
+    as the form's own dense terms are (a kernel that makes its bias in that
+    order: no copy to reverse it); a causal call reads only the keys each
+    block of rows may see.
     """
     call, s = form.call, form.call.scale
     shapes = [form.q.shape[:-2], form.k.shape[:-2], form.v.shape[:-2]]
@@ -206,6 +212,7 @@ def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None) -> Plan:
     shapes += [t.table.shape[:-1] for t in form.biases]
     if form.mask is not None:
         shapes.append(form.mask.shape[:-2])
+    shapes += [x.shape[:-2] for x in (*form.dense, dense) if x is not None]
     lead = tuple(torch.broadcast_shapes(*shapes))
     q = _flat(form.q * s, lead).contiguous()
     flipped = (form.k.flip(-2), form.v.flip(-2)) if flipped is None else flipped
@@ -261,7 +268,45 @@ def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None) -> Plan:
         mask = mask.expand(*mask.shape[:-1], call.t_k).flip(-1)
     if bias is not None:
         bias = _flat(bias.flip(-1), lead, 1).contiguous()
-    return Plan(form, lead, q, k, v, mask, tuple(terms), bias, tuple(values), blocks)
+    if dense is None:
+        dense = dense_term(form, lead)
+    elif any(x is not None for x in form.dense):
+        raise ValueError("`dense` is for a form without dense terms of its own")
+    else:
+        dense = _lanes(dense, lead)
+    return Plan(form, lead, q, k, v, mask, tuple(terms), bias, tuple(values), blocks, dense)
+
+
+def _lanes(term: Any, lead: tuple[int, ...]) -> Any:
+    # (..., t_q, t_k) as (1, t_q, t_k) where it has no batch, else (L, t_q, t_k)
+    if math.prod(term.shape[:-2]) == 1:
+        return term.reshape(1, *term.shape[-2:])
+    return _flat(term, lead).contiguous()
+
+
+def dense_term(form: DistanceForm, lead: tuple[int, ...]) -> Any:
+    """``s P + B`` of the form's dense ``position`` ``P`` and ``bias`` ``B``, keys reversed:
+    ``(1, t_q, t_k)`` where it has no batch, else ``(L, t_q, t_k)`` (one copy); or ``None``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from relpos_ref.lowering import lower
+    >>> x = torch.zeros(2, 3)
+    >>> form = lower("plain", x, x, x, bias=torch.arange(6.0).reshape(2, 3))
+    >>> dense_term(form, ())
+    tensor([[[2., 1., 0.],
+             [5., 4., 3.]]])
+    """
+    position, bias = form.dense
+    if position is None and bias is None:
+        return None
+    term = None if position is None else position * form.call.scale
+    if bias is not None:
+        term = bias if term is None else term + bias
+    call = form.call
+    term = term.reshape((1,) * (2 - term.dim()) + tuple(term.shape))
+    return _lanes(term.expand(*term.shape[:-2], call.t_q, call.t_k).flip(-1), lead)
 
 
 def _blocks(call: Any, rows: int) -> tuple[tuple[int, int, int], ...]:
@@ -298,6 +343,8 @@ def logits(p: Plan, block: int, arena: Arena) -> Any:
             add_pairs(scores, term.x, term.index, term.keys, a, b, bias=term.kind == "pair_bias")
     if p.bias is not None:
         scores += hankel(p.bias[:, start:start + n], r, width, row=1, col=1, axes=1)
+    if p.dense is not None:
+        scores += p.dense[:, a:b, t_k - width:]
     _mask(scores, p, a, b, width)
     return scores
 
@@ -369,11 +416,12 @@ def weights(p: Plan, block: int, arena: Arena) -> Any:
     return scores
 
 
-def form_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None) -> Any:
+def form_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None,
+                   dense: Any = None) -> Any:
     """Attention of a call in the distance form, a block of query rows at a time.
 
     Returns ``(..., t_q, d_v)``, the broadcast batch of every array of the
-    form; `flipped` as `plan` takes it. See the module docstring.
+    form; `flipped` and `dense` as `plan` takes them. See the module docstring.
 
     Examples
     --------
@@ -387,7 +435,7 @@ def form_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None) -
     ...     bool(torch.allclose(out, rp.shaw_attention(q, k, v, table, table, causal=True)))
     True
     """
-    p = plan(form, flipped)
+    p = plan(form, flipped, dense)
     call = form.call
     out = p.v.new_zeros((p.v.shape[0], call.t_q, p.v.shape[-1]))
     arena = arena_for(p)

@@ -51,8 +51,9 @@ __all__ = ["form_vjp"]
 def _sum_to(x: Any, shape: tuple[int, ...]) -> Any:
     """`x` summed over the axes it broadcast over from `shape`."""
     extra = x.dim() - len(shape)
-    if extra > 0:
-        x = x.sum(dim=tuple(range(extra)))
+    if extra > 0:  # (axes of one element: a view, not a sum's pass over the array)
+        x = (x.reshape(x.shape[extra:]) if all(n == 1 for n in x.shape[:extra])
+             else x.sum(dim=tuple(range(extra))))
     elif extra < 0:
         x = x.reshape((1,) * -extra + tuple(x.shape))
     return x.sum_to_size(shape) if tuple(x.shape) != tuple(shape) else x
@@ -73,6 +74,10 @@ class _Grads:
                         for t in p.terms]
         self.bias = None if p.bias is None else p.bias.new_zeros(p.bias.shape)
         self.values = [t.table.new_zeros(t.table.shape) for t in p.values]
+        # written block by block (`_block`), the rows no block holds zeroed here
+        self.dense = None if p.dense is None else p.dense.new_empty(p.dense.shape)
+        if self.dense is not None:
+            self.dense[:, :p.blocks[0][0] if p.blocks else p.form.call.t_q].zero_()
 
 
 def _gather_backward(acc: Any, grad: Any, term: Term, start: int, n: int, n_all: int,
@@ -112,6 +117,10 @@ def _block(p: Plan, g: _Grads, d_out: Any, block: int, arena: Arena) -> None:
     grad.addcmul_(w, grad.sum(-1, keepdim=True), value=-1)  # G = w (dw - sum_j w dw)
     g.q[:, a:b].baddbmm_(grad, p.k[:, keys], alpha=s)
     g.k[..., keys].baddbmm_(p.q[:, a:b].mT, grad)
+    if g.dense is not None:  # each block's rows written once (summed where it has no batch)
+        g.dense[:, a:b, keys] = grad if g.dense.shape[0] == grad.shape[0] else grad.sum(
+            0, keepdim=True)
+        g.dense[:, a:b, :t_k - width].zero_()  # keys none of the block's rows sees
     laid = None
     if g.bias is not None or any(t.kind == "dense" for t in p.terms):
         laid = arena.zeros(*grad.shape[:-1], n)  # (L, r, n): entry (i', i' + j~)
@@ -176,13 +185,15 @@ def _dense_backward(term: Term, acc: Any, d_vectors: Any, laid: Any, a: int, b: 
         d_vectors[:, a:b] += torch.bmm(laid, term.table[:, start:start + n])
 
 
-def form_vjp(form: DistanceForm, d_output: Any) -> dict[Any, Any]:
-    """Gradients of ``sum(d_output * form_attention(form))`` by the form's arrays.
+def form_vjp(form: DistanceForm, d_output: Any, dense: Any = None) -> dict[Any, Any]:
+    """Gradients of ``sum(d_output * form_attention(form, dense=dense))`` by the form's arrays.
 
     Returns a dict: ``"q"``, ``"k"``, ``"v"`` (of the form's contents); for
     each term ``("query", t)`` and ``("key", t)``: ``(vectors, table)``;
-    ``("bias", t)`` and ``("values", t)``: its table; each summed to the
-    shape of the array it is the gradient of.
+    ``("bias", t)`` and ``("values", t)``: its table; ``"dense"``:
+    ``(position, bias)`` of the form's dense terms (``None`` for one it has
+    not), or the gradient of `dense` (keys reversed, as given: `plan`); each
+    summed to the shape of the array it is the gradient of.
 
     Examples
     --------
@@ -198,7 +209,7 @@ def form_vjp(form: DistanceForm, d_output: Any) -> dict[Any, Any]:
     >>> bool(torch.allclose(grads["values", 0], want["value_table"]))
     True
     """
-    p = plan(form)
+    p = plan(form, dense=dense)
     call = form.call
     g = _Grads(p)
     d_out = d_output.expand(*p.lead, call.t_q, p.v.shape[-1]).reshape(p.v.shape[0], call.t_q,
@@ -207,7 +218,11 @@ def form_vjp(form: DistanceForm, d_output: Any) -> dict[Any, Any]:
     for block in range(len(p.blocks)):
         arena.reset()
         _block(p, g, d_out, block, arena)
-    return _collect(p, g)
+    out = _collect(p, g)
+    if dense is not None:
+        out["dense"] = _sum_to(g.dense[0] if g.dense.shape[0] == 1 else
+                               g.dense.reshape(*p.lead, *g.dense.shape[1:]), dense.shape)
+    return out
 
 
 def _unblocked(acc: Any, size: int, total: int) -> Any:
@@ -268,4 +283,10 @@ def _collect(p: Plan, g: _Grads) -> dict[Any, Any]:
     for t, (term, acc) in enumerate(zip(form.values, g.values, strict=True)):
         acc = acc[0] if acc.shape[0] == 1 and term.table.dim() == 2 else shaped(acc)
         out["values", t] = _sum_to(acc[..., :term.table.shape[-2], :], term.table.shape)
+    if any(x is not None for x in form.dense):  # the gradient of s P + B, keys in order
+        d_term = g.dense.flip(-1)
+        d_term = d_term[0] if d_term.shape[0] == 1 else shaped(d_term)
+        position, bias = form.dense
+        out["dense"] = (None if position is None else _sum_to(d_term * s, position.shape),
+                        None if bias is None else _sum_to(d_term, bias.shape))
     return out

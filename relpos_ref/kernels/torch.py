@@ -26,8 +26,9 @@ once into the call's dtype, no float64 ``(h, t_q, t_k)`` arrays).
 bias's by their own, ``DIRECT_VJP``) by the block engine's
 backward pass (`relpos_ref.kernels._torch_form_vjp`) for the form's arrays,
 carried back through the lowering to the call's arguments by
-`torch.autograd.grad` (plain attention's dense terms: autograd through the
-SDPA kernel), after the specification's own checks of the call and of
+`torch.autograd.grad` (plain attention's dense ``position`` and ``bias``
+too: the engine adds a dense term to each block's scores and keeps each
+block's gradient of it), after the specification's own checks of the call and of
 ``d_output``; ALiBi's slopes get their gradient when they were derived, as
 the specification returns it. ``BLOCKED_KERNELS`` evaluate
 `relpos_ref.blocked.blocked_attention` for every scheme that takes
@@ -65,7 +66,6 @@ mode (autograd records nothing there), and a non-finite ``d_output``.
 
 from __future__ import annotations
 
-import contextvars
 import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -124,12 +124,6 @@ DIRECT: dict[str, Callable[..., Any]] = {"cope": cope_fused, "fire": fire_fused,
 #: specification's.
 DIRECT_VJP: dict[str, Callable[..., Any]] = {"cope": cope_vjp_fused, "fire": fire_vjp_fused,
                                               "forgetting": forgetting_vjp_fused}
-
-# Set by the VJP kernels around their own forward call: first-order gradients only, so
-# SDPA's fused kernels may run although the inputs require gradients.
-_FIRST_ORDER: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "relpos_torch_first_order", default=False)
-
 
 class _Arguments(NamedTuple):
     """A call's arguments by name, as a kernel reads them."""
@@ -247,15 +241,13 @@ def _kernel(name: str) -> Callable[..., Any]:
                                                 if is_array(a)}})
                 or not _rotated_bounded(entry, call, options, q, k)):
             return NotImplemented
-        fused = _FIRST_ORDER.get() or not differentiated(arguments.floating)
-        if name in DIRECT and fused and not _FIRST_ORDER.get():
+        fused = not differentiated(arguments.floating)
+        if name in DIRECT and fused:
             # the options as given (the checks make c and L arrays of q's dtype, for the
             # gradients: the specification reads python numbers in float64)
             return DIRECT[name](q, k, v, {**named, **_given_options(options, given)}, call,
                                 mask)
         form = lowered(entry, q, k, v, named, call, options, mask=mask, terms=arguments.terms)
-        if _FIRST_ORDER.get() and not by_sdpa(form):
-            fused = False  # autograd runs through it: not the block engine's in-place steps
         return attend(form, fused=fused)
 
     kernel.__name__ = kernel.__qualname__ = f"{name}_attention_torch"
@@ -266,7 +258,6 @@ def _kernel(name: str) -> Callable[..., Any]:
 def _vjp_kernel(name: str) -> Callable[..., Any]:
     entry = catalog.get(name)
     signature = inspect.signature(entry.vjp)
-    forward = KERNELS[name]
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         arguments = _arguments(entry, signature, args, kwargs)
@@ -303,17 +294,8 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
         leaves = {"q": given["q"], "k": given["k"], "v": given["v"], **arguments.tables,
                   **arguments.terms, **{n: a for n, a in options.items()
                                         if is_array(a) and a.dtype.is_floating_point}}
-        found = None
-        if not arguments.terms:
-            found = _form_gradients(entry, call, options, leaves, d_output,
-                                    mask=given.get("mask"))
-        if found is None:  # dense terms (plain's, the forgetting bias's): autograd through SDPA
-            token = _FIRST_ORDER.set(True)
-            try:
-                return _gradients(forward, entry, given, options, leaves, d_output)
-            finally:
-                _FIRST_ORDER.reset(token)
-        return found
+        return _form_gradients(entry, call, options, leaves, d_output, mask=given.get("mask"),
+                               terms=tuple(arguments.terms))
 
     kernel.__name__ = kernel.__qualname__ = f"{name}_attention_vjp_torch"
     kernel.__doc__ = (f"`{entry.vjp.__name__}` on torch (see the module docstring).")
@@ -321,18 +303,16 @@ def _vjp_kernel(name: str) -> Callable[..., Any]:
 
 
 def _form_gradients(entry: Any, call: Call, options: dict[str, Any], leaves: dict[str, Any],
-                    d_output: Any, *, mask: Any) -> Any:
-    # the block engine's backward pass (`_torch_form_vjp`) by the form's arrays, carried
-    # back through the lowering to `leaves` by autograd; None for a form with dense terms
-    # (the block engine's backward has none: autograd through the forward kernel instead)
+                    d_output: Any, *, mask: Any, terms: tuple[str, ...]) -> Any:
+    # the block engine's backward pass (`_torch_form_vjp`) by the form's arrays (dense terms
+    # included: plain attention's `position` and `bias`, named by `terms`), carried back
+    # through the lowering to `leaves` by autograd
     with torch.enable_grad():
         leaves = {n: a.detach().requires_grad_(True) for n, a in leaves.items()}
         tables = {t.name: leaves[t.name] for t in entry.tables if t.name in leaves}
         given = {n: leaves.get(n, a) for n, a in options.items()}
         form = lowered(entry, leaves["q"], leaves["k"], leaves["v"], tables, call, given,
-                       mask=mask, terms={})
-    if any(t is not None for t in form.dense):
-        return None
+                       mask=mask, terms={n: leaves[n] for n in terms})
     if not fits(form):
         return NotImplemented
     with torch.no_grad():
@@ -356,27 +336,9 @@ def _form_arrays(form: DistanceForm, grads: dict[Any, Any]) -> list[tuple[Any, A
             pairs += [(term.vectors, d_vectors), (term.table, d_table)]
     pairs += [(term.table, grads["bias", t]) for t, term in enumerate(form.biases)]
     pairs += [(term.table, grads["values", t]) for t, term in enumerate(form.values)]
+    pairs += [(x, d) for x, d in zip(form.dense, grads.get("dense", ()), strict=False)
+              if x is not None]
     return pairs
-
-
-def _gradients(forward: Callable[..., Any], entry: Any, given: dict[str, Any],
-               options: dict[str, Any], leaves: dict[str, Any], d_output: Any) -> Any:
-    # torch.autograd.grad of `forward` at detached copies of `leaves`, by name
-    with torch.enable_grad():
-        leaves = {n: a.detach().requires_grad_(True) for n, a in leaves.items()}
-        tables_in = [leaves.get(t.name) for t in entry.tables]
-        while tables_in and tables_in[-1] is None:
-            tables_in.pop()
-        keywords = {n: a for n, a in given.items()
-                    if n not in ("q", "k", "v", *(t.name for t in entry.tables))}
-        keywords.update({n: leaves[n] for n in leaves if n in keywords or n in options})
-        out = forward(leaves["q"], leaves["k"], leaves["v"], *tables_in, **keywords)
-        if out is NotImplemented:
-            return NotImplemented
-        grads = torch.autograd.grad(out, list(leaves.values()), d_output.expand(out.shape),
-                                    allow_unused=True)
-    return {n: torch.zeros_like(a) if g is None else g
-            for (n, a), g in zip(leaves.items(), grads, strict=True)}
 
 
 def _blocked_kernel(name: str) -> Callable[..., Any]:
