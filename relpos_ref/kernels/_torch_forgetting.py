@@ -7,10 +7,12 @@ each at 8 heads and t = 1024), which the allocator maps afresh on each call.
 `forgetting_bias_rounded` makes the same values on the causal region with one
 subtraction of the float64 cumulative sums into an array of the call's dtype
 (rounded once, as the specification rounds); the other entries, which the
-causal mask drops, are :math:`F_{p_i} - F_j` too. Then SDPA with that bias
-(`relpos_ref.kernels._torch_sdpa.sdpa_terms`), and for the VJP torch's
-autograd through that one call: the bias reaches ``f`` only through its
-cotangent's row sums and column sums
+causal mask drops, are :math:`F_{p_i} - F_j` too. It makes them with the
+keys reversed, the order of `relpos_ref.kernels._torch_form`'s block engine,
+which evaluates the call with that bias as its dense term: a causal call's
+blocks of rows read only the keys their queries may see, about half the
+pairs. The VJP is the engine's backward pass: the bias reaches ``f`` only
+through its cotangent's row sums and column sums
 (`relpos_ref.schemes.forgetting.forgetting_f_gradient_from_sums`).
 """
 
@@ -22,14 +24,17 @@ import torch
 
 from .. import _xp
 from ..calls import Call
+from ..lowering import DistanceForm
 from ..schemes import forgetting
-from ._torch_sdpa import Terms, sdpa_terms
+from ._torch_form import form_attention
+from ._torch_form_vjp import form_vjp
 
 __all__ = ["forgetting_bias_rounded", "forgetting_fused", "forgetting_vjp_fused"]
 
 
 def forgetting_bias_rounded(f: Any, call: Call, dtype: Any) -> Any:
-    """The bias ``(..., h, t_q, t_k)`` of a validated call, in `dtype`, rounded once.
+    """The bias ``(..., h, t_q, t_k)`` of a validated call, in `dtype`, rounded once, keys
+    reversed (column ``j~`` holds key ``t_k - 1 - j~``).
 
     Equal to `relpos_ref.schemes.forgetting.forgetting_bias` where ``j <= p_i``.
 
@@ -41,7 +46,7 @@ def forgetting_bias_rounded(f: Any, call: Call, dtype: Any) -> Any:
     >>> x = torch.zeros(3, 2, dtype=torch.float64)
     >>> call = resolve_call(x, x, x, scale=None, mask=None, causal=True, q_offset=0)
     >>> got = forgetting_bias_rounded(torch.zeros(3), call, torch.float64)  # gates 1/2
-    >>> (got / math.log(0.5)).round().abs()  # log 2 a step; above the diagonal: masked
+    >>> (got.flip(-1) / math.log(0.5)).round().abs()  # log 2 a step; above the diagonal:
     tensor([[0., 1., 2.],
             [1., 0., 1.],
             [2., 1., 0.]], dtype=torch.float64)
@@ -50,7 +55,7 @@ def forgetting_bias_rounded(f: Any, call: Call, dtype: Any) -> Any:
     n = big_f.shape[-1]
     at_query = (torch.arange(call.t_q, device=f.device) + call.q_offset).clamp_(0, n - 1)
     out = torch.empty((*big_f.shape[:-1], call.t_q, call.t_k), dtype=dtype, device=f.device)
-    torch.sub(big_f[..., at_query, None], big_f[..., None, :call.t_k], out=out)
+    torch.sub(big_f[..., at_query, None], big_f[..., None, :call.t_k].flip(-1), out=out)
     return out
 
 
@@ -74,7 +79,7 @@ def forgetting_fused(q: Any, k: Any, v: Any, tables: dict[str, Any], call: Call,
     True
     """
     bias = forgetting_bias_rounded(tables["f"], call, q.dtype)
-    return sdpa_terms(q, k, v, call, terms=Terms(bias=bias), mask=mask)
+    return form_attention(DistanceForm(q, k, v, call, mask), dense=bias)
 
 
 def forgetting_vjp_fused(q: Any, k: Any, v: Any, tables: dict[str, Any], call: Call,
@@ -96,12 +101,10 @@ def forgetting_vjp_fused(q: Any, k: Any, v: Any, tables: dict[str, Any], call: C
     True
     """
     f = tables["f"]
-    leaves = [x.detach().requires_grad_(True)
-              for x in (q, k, v, forgetting_bias_rounded(f, call, q.dtype))]
-    with torch.enable_grad():
-        out = sdpa_terms(*leaves[:3], call, terms=Terms(bias=leaves[3]), mask=mask)
-        dq, dk, dv, d_bias = torch.autograd.grad(out, leaves, d_output.expand(out.shape))
+    grads = form_vjp(DistanceForm(q, k, v, call, mask), d_output,
+                     dense=forgetting_bias_rounded(f, call, q.dtype))
+    d_bias = grads["dense"]  # keys reversed
     wide = forgetting._accumulator(_xp.array_namespace(f), f.device)  # float64 where it can
-    rows, cols = d_bias.sum(dim=-1, dtype=wide), d_bias.sum(dim=-2, dtype=wide)
+    rows, cols = d_bias.sum(dim=-1, dtype=wide), d_bias.sum(dim=-2, dtype=wide).flip(-1)
     d_f = forgetting.forgetting_f_gradient_from_sums(f, rows, cols, call.q_offset)
-    return {"q": dq, "k": dk, "v": dv, "f": d_f}
+    return {"q": grads["q"], "k": grads["k"], "v": grads["v"], "f": d_f}

@@ -292,8 +292,8 @@ def dense_term(form: DistanceForm, lead: tuple[int, ...]) -> Any:
     --------
     >>> import torch
     >>> from relpos_ref.lowering import lower
-    >>> x = torch.zeros(2, 3)
-    >>> form = lower("plain", x, x, x, bias=torch.arange(6.0).reshape(2, 3))
+    >>> q, k = torch.zeros(2, 4), torch.zeros(3, 4)  # two queries, three keys
+    >>> form = lower("plain", q, k, k, bias=torch.arange(6.0).reshape(2, 3))
     >>> dense_term(form, ())
     tensor([[[2., 1., 0.],
              [5., 4., 3.]]])
