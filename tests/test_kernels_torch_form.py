@@ -32,7 +32,7 @@ from relpos_ref import catalog, kernels
 
 torch = pytest.importorskip("torch")
 
-from relpos_ref.kernels import _torch_blocks, _torch_form  # noqa: E402
+from relpos_ref.kernels import _torch_blocks, _torch_form, _torch_key_terms  # noqa: E402
 from relpos_ref.kernels._torch_blocks import (  # noqa: E402
     Arena,
     Runs,
@@ -64,7 +64,8 @@ def _knobs(values):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_torch_form, "MIN_ROWS", 1)
         for name, value in values.items():
-            patch.setattr(_torch_form, name, value)
+            owner = _torch_key_terms if name == "KEY_TILE" else _torch_form
+            patch.setattr(owner, name, value)
         yield
 
 

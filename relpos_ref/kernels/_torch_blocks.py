@@ -31,8 +31,9 @@ from typing import Any, NamedTuple
 import torch
 
 __all__ = [
-    "Arena", "Runs", "add_by_rows", "add_constant", "add_rows", "binned", "hankel", "laid_piece",
-    "laid_rows", "pieces", "region", "region_sums", "select", "times_rows",
+    "Arena", "Runs", "add_by_rows", "add_constant", "add_rows", "binned", "extended", "flat",
+    "hankel", "laid_piece", "laid_rows", "pieces", "region", "region_sums", "select",
+    "times_rows",
 ]
 
 
@@ -71,6 +72,34 @@ class Arena:
     def reset(self, mark: int = 0) -> None:
         """Every view taken since `mark` (a past `used`) may be overwritten from now on."""
         self.used = mark
+
+
+def flat(x: Any, lead: tuple[int, ...], tail: int = 2) -> Any:
+    """`x` broadcast to `lead` (its last `tail` axes kept) as ``(L, ...)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> flat(torch.zeros(3, 4, 5), (2, 3)).shape
+    torch.Size([6, 4, 5])
+    """
+    return x.expand(*lead, *x.shape[x.dim() - tail:]).reshape(-1, *x.shape[x.dim() - tail:])
+
+
+def extended(x: Any, axis: int) -> Any:
+    """`x` with a zero entry appended along `axis` (row ``m``, which a map's ``-1`` reads).
+
+    Examples
+    --------
+    >>> import torch
+    >>> extended(torch.ones(2, 1), -2)
+    tensor([[1.],
+            [1.],
+            [0.]])
+    """
+    shape = list(x.shape)
+    shape[axis] = 1
+    return torch.cat([x, x.new_zeros(shape)], dim=axis)
 
 
 def hankel(x: Any, r: int, width: int, *, row: int, col: int, offset: int = 0,

@@ -27,7 +27,7 @@ has no negative strides).
   one per distance (general, music, Transformer-XL: tables of about as many
   rows as keys).
 - Key-side terms by distance (DeBERTa's p2c): rows of ``(s B) b^T`` picked
-  per tile of keys.
+  per tile of keys (`relpos_ref.kernels._torch_key_terms`).
 - Biases by distance: one row of the window, read through a view.
 - Terms by coordinates (grid2d, Swin): a key coordinate constant on runs
   of equal length (grid2d's row) or periodic (its column) is read once per
@@ -59,14 +59,16 @@ from ._torch_blocks import (
     Runs,
     add_by_rows,
     binned,
+    extended,
+    flat,
     hankel,
-    select,
     times_rows,
 )
+from ._torch_key_terms import add_keys, key_product
 from ._torch_pairs import add_grid, add_pairs, grid_table, structure
 
 __all__ = [
-    "BLOCK_BYTES", "Plan", "arena_for", "fits", "form_attention", "gather_product", "key_tiles",
+    "BLOCK_BYTES", "Plan", "arena_for", "fits", "form_attention", "gather_product",
     "plan", "rows_per_block", "weights", "window",
 ]
 
@@ -82,10 +84,6 @@ GATHER_SHARE = 0.5
 
 #: A window crossing more runs of a map than this reads it distance by distance.
 MAX_PIECES = 8
-
-#: Keys per tile of a key-side term.
-KEY_TILE = 128
-
 
 def rows_per_block(lead: tuple[int, ...], t_k: int, itemsize: int) -> int:
     """Query rows per block: about `BLOCK_BYTES` of scores, at least `MIN_ROWS`.
@@ -121,7 +119,7 @@ class Term(NamedTuple):
     """A term as the blocks read it (`plan`); see the module docstring for the kinds."""
 
     kind: str  # "gather", "dense", "keys", "pairs", "pair_bias", "grid_bias"
-    x: Any  # gather, dense: vectors (L, t_q, d); keys: (tiles, L, m + 1, KEY_TILE), the product;
+    x: Any  # gather, dense: vectors (L, t_q, d); keys: (tiles, L, m + 1, tile), the product;
     # pairs: (L, t_q, m + 1), the product; pair_bias, grid_bias: (L, m + 1), the table
     table: Any = None  # gather: (1 or L, m + 1, d) times the scale; dense: the same table's
     # rows by reversed distance, (n, d) or (L, n, d); grid_bias: its 2-D table (`grid_table`)
@@ -161,37 +159,8 @@ def fits(form: DistanceForm) -> bool:
     return all(t.index.by_distance for t in (*form.key_terms, *form.values))
 
 
-def _extended(x: Any, axis: int) -> Any:
-    # a zero entry appended along `axis`: row m, which the map's -1 reads
-    shape = list(x.shape)
-    shape[axis] = 1
-    return torch.cat([x, x.new_zeros(shape)], dim=axis)
-
-
 def _reversed_rows(index: IndexMap, m: int) -> Any:
     return torch.where(index.rows < 0, m, index.rows).flip(0)
-
-
-def _flat(x: Any, lead: tuple[int, ...], tail: int = 2) -> Any:
-    """`x` broadcast to `lead` (its last `tail` axes kept) as ``(L, ...)``."""
-    return x.expand(*lead, *x.shape[x.dim() - tail:]).reshape(-1, *x.shape[x.dim() - tail:])
-
-
-def _key_product(term: Any, lead: tuple[int, ...], s: float) -> Any:
-    # (tiles, L, m + 1, KEY_TILE): (s B) b^T of each tile of keys (reversed), contiguous
-    table = _extended(term.table * s, -2)
-    keys = _flat(term.vectors.flip(-2), lead)
-    lanes, t_k = keys.shape[0], keys.shape[-2]
-    count = -(-t_k // KEY_TILE)
-    table = table.expand(lanes, *table.shape[-2:]) if table.dim() == 2 else _flat(table, lead)
-    out = keys.new_empty((count, lanes, table.shape[-2], KEY_TILE))
-    for tile in range(count):
-        part = keys[:, tile * KEY_TILE:(tile + 1) * KEY_TILE]
-        if part.shape[-2] == KEY_TILE:
-            torch.bmm(table, part.mT, out=out[tile])
-        else:  # the last tile, in part (its other columns are never read)
-            out[tile, ..., :part.shape[-2]] = torch.bmm(table, part.mT)
-    return out
 
 
 def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None,
@@ -214,40 +183,40 @@ def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None,
         shapes.append(form.mask.shape[:-2])
     shapes += [x.shape[:-2] for x in (*form.dense, dense) if x is not None]
     lead = tuple(torch.broadcast_shapes(*shapes))
-    q = _flat(form.q * s, lead).contiguous()
+    q = flat(form.q * s, lead).contiguous()
     flipped = (form.k.flip(-2), form.v.flip(-2)) if flipped is None else flipped
-    k, v = (_flat(x, lead).contiguous() for x in flipped)
+    k, v = (flat(x, lead).contiguous() for x in flipped)
     rows = max(1, rows_per_block(lead, call.t_k, q.element_size()))
     blocks = _blocks(call, rows)
     terms, bias = [], None
     for term in form.query_terms:
         m = term.table.shape[-2]
-        table = _extended(term.table * s, -2)
+        table = extended(term.table * s, -2)
         if not term.index.by_distance:
-            x = _flat(torch.matmul(term.vectors, table.mT), lead).contiguous()
+            x = flat(torch.matmul(term.vectors, table.mT), lead).contiguous()
             terms.append(Term("pairs", x, index=term.index, keys=structure(term.index.key)))
         elif m <= GATHER_SHARE * call.t_k:  # its product with a block's vectors, per block
-            table = table[None] if table.dim() == 2 else _flat(table, lead).contiguous()
-            terms.append(Term("gather", _flat(term.vectors, lead), table=table,
+            table = table[None] if table.dim() == 2 else flat(table, lead).contiguous()
+            terms.append(Term("gather", flat(term.vectors, lead), table=table,
                               rows=_reversed_rows(term.index, m),
                               runs=Runs.of(term.index.rows.tolist())))
         else:
             by_distance = table[..., torch.where(term.index.rows < 0, m, term.index.rows), :]
             by_distance = by_distance.flip(-2)
             if by_distance.dim() > 2:
-                by_distance = _flat(by_distance, lead).contiguous()
-            terms.append(Term("dense", _flat(term.vectors, lead), table=by_distance))
+                by_distance = flat(by_distance, lead).contiguous()
+            terms.append(Term("dense", flat(term.vectors, lead), table=by_distance))
     for term in form.key_terms:
-        terms.append(Term("keys", _key_product(term, lead, s),
+        terms.append(Term("keys", key_product(term, lead, s),
                           rows=_reversed_rows(term.index, term.table.shape[-2])))
     for term in form.biases:
-        table = _extended(term.table, -1)
+        table = extended(term.table, -1)
         if term.index.by_distance:
             row = table[..., torch.where(term.index.rows < 0, term.table.shape[-1],
                                          term.index.rows)]
             bias = row if bias is None else bias + row
         else:
-            table = _flat(table, lead, 1)
+            table = flat(table, lead, 1)
             grid = None if call.causal else grid_table(table, term.index)
             if grid is None:
                 terms.append(Term("pair_bias", table, index=term.index,
@@ -258,8 +227,8 @@ def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None,
                                   index=term.index, keys=("grid", width, None)))
     values = []
     for term in form.values:
-        table = _extended(term.table, -2)
-        table = table[None] if table.dim() == 2 else _flat(table, lead)
+        table = extended(term.table, -2)
+        table = table[None] if table.dim() == 2 else flat(table, lead)
         values.append(Values(table, _reversed_rows(term.index, term.table.shape[-2]),
                              Runs.of(term.index.rows.tolist())))
     mask = form.mask
@@ -267,7 +236,7 @@ def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None,
         mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))
         mask = mask.expand(*mask.shape[:-1], call.t_k).flip(-1)
     if bias is not None:
-        bias = _flat(bias.flip(-1), lead, 1).contiguous()
+        bias = flat(bias.flip(-1), lead, 1).contiguous()
     if dense is None:
         dense = dense_term(form, lead)
     elif any(x is not None for x in form.dense):
@@ -281,7 +250,7 @@ def _lanes(term: Any, lead: tuple[int, ...]) -> Any:
     # (..., t_q, t_k) as (1, t_q, t_k) where it has no batch, else (L, t_q, t_k)
     if math.prod(term.shape[:-2]) == 1:
         return term.reshape(1, *term.shape[-2:])
-    return _flat(term, lead).contiguous()
+    return flat(term, lead).contiguous()
 
 
 def dense_term(form: DistanceForm, lead: tuple[int, ...]) -> Any:
@@ -336,7 +305,7 @@ def logits(p: Plan, block: int, arena: Arena) -> Any:
         elif term.kind == "dense":
             scores += hankel(_dense(term, a, b, start, n, arena), r, width, row=n + 1, col=1)
         elif term.kind == "keys":
-            _add_keys(scores, term, start, width, t_k, arena)
+            add_keys(scores, term, start, width, t_k, arena)
         elif term.kind == "grid_bias":
             add_grid(scores, term.table, term.keys[1], a, b)
         else:
@@ -367,30 +336,6 @@ def _dense(term: Term, a: int, b: int, start: int, n: int, arena: Arena) -> Any:
     else:
         torch.bmm(vectors, term.table[:, start:start + n].mT, out=out)
     return out
-
-
-def key_tiles(width: int, t_k: int) -> list[tuple[int, int, int]]:
-    """``(tile, t0, t1)``: the tiles of a block's keys, block columns ``t0 .. t1 - 1``."""
-    out, first = [], t_k - width  # the block's first key, reversed
-    for tile in range(first // KEY_TILE, -(-t_k // KEY_TILE)):
-        g0, g1 = max(tile * KEY_TILE, first), min((tile + 1) * KEY_TILE, t_k)
-        out.append((tile, g0 - first, g1 - first))
-    return out
-
-
-def _add_keys(scores: Any, term: Term, start: int, width: int, t_k: int, arena: Arena) -> None:
-    # per tile of keys: (L, r + tile - 1, tile) rows of the key product, entry (i' + jj, jj)
-    r = scores.shape[-2]
-    for tile, t0, t1 in key_tiles(width, t_k):
-        size = t1 - t0
-        x = term.x[tile]
-        offset = t0 + t_k - width - tile * KEY_TILE
-        if size < KEY_TILE:
-            x = x[..., offset:offset + size]
-        mark = arena.used
-        found = select(x, term.rows[start + t0:start + t1 + r - 1], arena)
-        scores[..., t0:t1] += hankel(found, r, size, row=size, col=size + 1)
-        arena.reset(mark)
 
 
 def _mask(scores: Any, p: Plan, a: int, b: int, width: int) -> None:

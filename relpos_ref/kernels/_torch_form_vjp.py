@@ -38,11 +38,11 @@ from ._torch_form import (
     arena_for,
     binned,
     hankel,
-    key_tiles,
     plan,
     weights,
     window,
 )
+from ._torch_key_terms import keys_backward
 from ._torch_pairs import grid_backward, pairs_backward
 
 __all__ = ["form_vjp"]
@@ -134,7 +134,7 @@ def _block(p: Plan, g: _Grads, d_out: Any, block: int, arena: Arena) -> None:
         elif term.kind == "dense":
             _dense_backward(term, acc, g.vectors[t], laid, a, b, start, n)
         elif term.kind == "keys":
-            _keys_backward(acc, grad, term, start, width, t_k, arena)
+            keys_backward(acc, grad, term, start, width, t_k, arena)
         elif term.kind == "grid_bias":
             grid_backward(acc, grad, term.keys[1], a, b)
         else:
@@ -155,21 +155,6 @@ def _product_backward(term: Term, acc: Any, d_vectors: Any, by_row: Any, a: int,
             @ vectors.reshape(-1, vectors.shape[-1])
     else:
         acc.baddbmm_(by_row, vectors)
-
-
-def _keys_backward(acc: Any, grad: Any, term: Term, start: int, width: int, t_k: int,
-                   arena: Arena) -> None:
-    # per tile of keys: G laid out (i' + jj, jj), added into the rows of the key product
-    r = grad.shape[-2]
-    for tile, t0, t1 in key_tiles(width, t_k):
-        size = t1 - t0
-        offset = t0 + t_k - width - tile * acc.shape[-1]
-        mark = arena.used
-        by_row = arena.zeros(grad.shape[0], size + r - 1, size)
-        hankel(by_row, r, size, row=size, col=size + 1).copy_(grad[..., t0:t1])
-        acc[tile][..., offset:offset + size].index_add_(
-            1, term.rows[start + t0:start + t1 + r - 1], by_row)
-        arena.reset(mark)
 
 
 def _dense_backward(term: Term, acc: Any, d_vectors: Any, laid: Any, a: int, b: int,
