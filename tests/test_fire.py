@@ -16,8 +16,6 @@
 
 from __future__ import annotations
 
-from unittest import mock
-
 import numpy as np
 import pytest
 from _calls import draw_mask
@@ -339,12 +337,13 @@ def test_the_lowering_s_piecewise_mlp_equals_the_unit_sums(data):
                                rtol=0, atol=1e-12)
 
 
-@given(data=st.data(), row_pairs=st.sampled_from([1, 4, 65536]))
-def test_the_kernels_mlp_vjp_by_pieces_equals_the_unit_sums(data, row_pairs):
-    # at a breakpoint a unit passes no gradient, as the specification's relu(pre > 0)
+@given(data=st.data())
+def test_the_kernels_unit_sums_equal_the_specifications_mlp_vjp(data):
+    # the kernels' MLP backward (sums by segment, then each unit's live segments) against the
+    # specification's hidden layer; at a breakpoint a unit passes no gradient (relu(pre > 0))
+    from relpos_ref._fire_pieces import live_sums, segments, units
     from relpos_ref.gradients import sum_to_shape
-    from relpos_ref.kernels import _fire_vjp
-    from relpos_ref.kernels._fire_vjp import mlp_vjp_by_pieces
+    from relpos_ref.kernels._fire_vjp import sums_by_segment, unit_gradients
     from relpos_ref.schemes._fire_mlp import _tables, mlp_vjp
 
     x, w1, b1, w2, _ = _small_mlp(data)
@@ -355,12 +354,17 @@ def test_the_kernels_mlp_vjp_by_pieces_equals_the_unit_sums(data, row_pairs):
     want = mlp_vjp(x, d_out, w1, b1, w2)
     tw1, tb1, tw2, _ = _tables(w1, b1, w2, None)
     hidden = max(tw1.shape[0], tb1.shape[0])
-    with mock.patch.object(_fire_vjp, "ROW_PAIRS", row_pairs):  # rows 1 or 2 at a time, or all
-        got = mlp_vjp_by_pieces(x, d_out, *(np.broadcast_to(t, (hidden, t.shape[1]))
-                                            for t in (tw1, tb1)), tw2)
-    np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-12, err_msg="x")
-    for name, g, w, shape in (("w1", got[1], want[1], tw1.shape), ("b1", got[2], want[2],
-                              tb1.shape), ("w2", got[3], want[3], tw2.shape)):
+    hw1, hb1 = (np.broadcast_to(t, (hidden, t.shape[1])) for t in (tw1, tb1))
+    found = units(hw1, hb1, tw2)
+    n_seg = found.segments.shape[0]
+    flat, d_flat = x.reshape(-1), d_out.reshape(heads, -1)
+    segment = segments(np, found.u, flat)
+    d_x = (d_flat * np.take(live_sums(found, found.slope), segment, axis=1)).sum(0)
+    got = unit_gradients(found, sums_by_segment(np, segment, d_flat * flat, n_seg),
+                         sums_by_segment(np, segment, d_flat, n_seg), hw1, hb1, tw2)
+    np.testing.assert_allclose(d_x.reshape(x.shape), want[0], rtol=0, atol=1e-12, err_msg="x")
+    for name, g, w, shape in (("w1", got[0], want[1], tw1.shape), ("b1", got[1], want[2],
+                              tb1.shape), ("w2", got[2], want[3], tw2.shape)):
         np.testing.assert_allclose(sum_to_shape(g, shape), sum_to_shape(w, shape), rtol=0,
                                    atol=1e-12, err_msg=name)
 

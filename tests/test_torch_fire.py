@@ -193,20 +193,22 @@ def test_a_differentiated_call_goes_through_the_lowering(direct_calls):
     assert not direct_calls and w1.grad is not None and torch.isfinite(w1.grad).all()
 
 
-def test_the_vjp_sums_by_chunks_of_pairs_and_of_rows(monkeypatch, direct_vjps):
-    # chunks of 3 pairs for the sums by segment and of one row for the MLP's backward
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_vjp_sums_by_chunks_of_pairs_and_of_rows(monkeypatch, direct_vjps, causal):
+    # chunks of 3 pairs for the sums by segment and blocks of 2 rows for the bias and the
+    # MLP's backward (a causal block skips the keys after its last query)
     from relpos_ref.kernels import _fire_vjp
 
     monkeypatch.setattr(_fire_vjp, "SUM_CHUNK", 3)
-    monkeypatch.setattr(_fire_vjp, "ROW_PAIRS", 5)
+    monkeypatch.setattr(torch_fire, "ROWS", 2)
     g = torch.Generator().manual_seed(1)
     q, k, v, d_output = torch.randn(4, 2, 9, 4, generator=g, dtype=torch.float64).unbind(0)
     w1, b1 = torch.randn(2, 5, 1, dtype=torch.float64), torch.randn(2, 5, dtype=torch.float64)
     w2 = torch.randn(2, 5, dtype=torch.float64)
-    got = rp.fire_attention_vjp(q, k, v, w1, b1, w2, d_output=d_output, L=4.0, causal=False)
+    got = rp.fire_attention_vjp(q, k, v, w1, b1, w2, d_output=d_output, L=4.0, causal=causal)
     with kernels.disabled():
         want = rp.fire_attention_vjp(q, k, v, w1, b1, w2, d_output=d_output, L=4.0,
-                                     causal=False)
+                                     causal=causal)
     assert len(direct_vjps) == 1
     for name, grad in want.items():
         np.testing.assert_allclose(got[name].numpy(), grad.numpy(), rtol=1e-10, atol=1e-12,

@@ -1,4 +1,4 @@
-r"""FIRE's MLP backward pass by its pieces, for the NumPy and torch VJP kernels.
+r"""FIRE's MLP backward pass by its pieces: the parts the NumPy and torch VJP kernels share.
 
 The bias is the lowering's (`relpos_ref._fire_pieces`: per pair, the segment
 ``s`` of its input ``x`` among every unit's breakpoint, and each head's
@@ -17,7 +17,10 @@ slope ``w2 w1`` and intercept ``w2 b1`` get the sums of :math:`\bar A` and
 unit, before it for a falling one, every one for a unit of slope 0 with
 ``b1 > 0``: a cumulative sum read at its own segment), and ``c`` and ``L``
 get theirs from :math:`\bar x` as the specification's
-(`relpos_ref.schemes.fire`).
+(`relpos_ref.schemes.fire`). Each kernel walks the pairs its own way, a
+block of rows at a time (`relpos_ref.kernels._numpy_vjp_fire`,
+`relpos_ref.kernels._torch_fire.mlp_vjp_by_blocks`); here are the sums by
+segment and what the units and tables get from them.
 """
 
 from __future__ import annotations
@@ -25,28 +28,32 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _xp
-from .._fire_pieces import broadcast_tables, live_sums, segments, units
 from ..gradients import sum_to_shape
-from ..schemes import _fire_inputs
 from ..schemes._fire_mlp import _tables
 
-__all__ = ["ROW_PAIRS", "SUM_CHUNK", "mlp_vjp_by_pieces", "table_gradients",
-           "tables_from_unit_gradients", "unit_gradients"]
+__all__ = ["SUM_CHUNK", "sums_by_segment", "tables_from_unit_gradients", "unit_gradients"]
 
 #: Pairs summed by segment in the call's dtype (torch) before the sum goes on in float64.
 SUM_CHUNK = 65536
 
-#: Pairs of a chunk of rows whose (H, pairs) temporaries `mlp_vjp_by_pieces` holds at once.
-ROW_PAIRS = 65536
 
+def sums_by_segment(xp: Any, segment: Any, weights: Any, n_seg: int) -> Any:
+    """``(H, n_seg)``, float64 where the device has it: per head, the sum of `weights`
+    ``(H, N)`` over the pairs of each segment (`segment` ``(N,)``).
 
-def _sums_by_segment(xp: Any, segment: Any, weights: Any, n_seg: int) -> Any:
-    # (H, n_seg) in float64 where it can: per head, the sum of weights (H, N) over the pairs
-    # of each segment (N,). NumPy: one bincount per head (float64 sums). torch: an index_add
-    # of each pair's H weights (a row of the chunk's transpose) in the weights' dtype over
-    # each chunk of SUM_CHUNK pairs, the chunks' sums added in float64 (8 heads of 1M float32
-    # pairs, one thread: 15 ms, against 26 for a scatter_add along the pairs and 34 for
-    # bincounts). No other library calls it.
+    NumPy: one ``bincount`` per head (float64 sums). torch: an ``index_add_``
+    of each pair's ``H`` weights (a row of the chunk's transpose) in the
+    weights' dtype over each chunk of `SUM_CHUNK` pairs, the chunks' sums
+    added in float64 (8 heads of 1M float32 pairs, one thread: 15 ms,
+    against 26 for a ``scatter_add_`` along the pairs and 34 for bincounts).
+    No other library calls it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> sums_by_segment(np, np.asarray([0, 2, 0]), np.asarray([[1.0, 2.0, 3.0]]), 3)
+    array([[4., 0., 2.]])
+    """
     if _xp.library_name(weights) == "torch":
         import torch
 
@@ -111,49 +118,6 @@ def unit_gradients(found: Any, d_a: Any, d_b: Any, w1: Any, b1: Any, w2: Any
     return d_w1, d_b1, d_w2
 
 
-def mlp_vjp_by_pieces(x: Any, d_out: Any, w1: Any, b1: Any, w2: Any
-                      ) -> tuple[Any, Any, Any, Any]:
-    """The MLP's VJP at `x` ``(t_q, t_k)`` for `d_out` ``(H, t_q, t_k)``, by segments.
-
-    `w1`, `b1` ``(H', m)`` (``H'`` 1 or ``H``), `w2` ``(H, m)``, finite; NumPy
-    or torch arrays. Returns ``(d_x, d_w1, d_b1, d_w2)``: ``d_x``
-    ``(t_q, t_k)``, ``d_w1`` and ``d_b1`` ``(H', m)``, ``d_w2`` ``(H, m)``;
-    equal to `relpos_ref.schemes._fire_mlp.mlp_vjp` summed to those shapes,
-    up to rounding.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> x = np.asarray([[0.0, 1.0]])  # f(x) = relu(x - 1/2): slope 1 past 1/2
-    >>> d_x, d_w1, d_b1, d_w2 = mlp_vjp_by_pieces(x, np.ones((1, 1, 2)), np.ones((1, 1)),
-    ...                                           np.asarray([[-0.5]]), np.ones((1, 1)))
-    >>> d_x, d_w2  # the unit is live at x = 1 only, where relu(1 - 1/2) = 1/2
-    (array([[0., 1.]]), array([[0.5]]))
-    """
-    xp = _xp.array_namespace(x, d_out, w1)
-    heads = w2.shape[0]
-    found = units(w1, b1, w2)
-    n_seg = found.segments.shape[0]
-    a = live_sums(found, found.slope)  # each pair's slope A, as the forward reads it
-    d_a = d_b = 0.0
-    d_x = []
-    # a chunk of rows at a time: (H, pairs) temporaries of ROW_PAIRS pairs, not of the grid
-    # (one chunk, empty, where x has no row)
-    step = max(1, ROW_PAIRS // max(1, x.shape[-1]))
-    for start in range(0, max(1, x.shape[0]), step):
-        flat = xp.reshape(x[start:start + step, ...], (-1,))
-        segment = segments(xp, found.u, flat)
-        d_flat = xp.reshape(d_out[:, start:start + step, ...], (heads, -1))
-        d_x.append(xp.reshape(xp.sum(d_flat * xp.take(a, segment, axis=1), axis=0),
-                              (-1, x.shape[-1])))
-        sums = (_sums_by_segment(xp, segment, d_flat * flat, n_seg),
-                _sums_by_segment(xp, segment, d_flat, n_seg))
-        d_a, d_b = d_a + sums[0], d_b + sums[1]
-    return (xp.concat(d_x, axis=0),
-            *unit_gradients(found, xp.astype(d_a, x.dtype), xp.astype(d_b, x.dtype), w1, b1,
-                            w2))
-
-
 def tables_from_unit_gradients(d_w1: Any, d_b1: Any, d_w2: Any, tables: dict[str, Any]
                                ) -> dict[str, Any]:
     """``w1``, ``b1``, ``w2`` (and ``b2``: zeros) gradients in their tables' shapes.
@@ -180,44 +144,4 @@ def tables_from_unit_gradients(d_w1: Any, d_b1: Any, d_w2: Any, tables: dict[str
            "w2": xp.reshape(sum_to_shape(d_w2, tw2.shape), w2.shape)}
     if b2 is not None:
         out["b2"] = xp.zeros(b2.shape, dtype=b2.dtype, device=_xp.device(b2))
-    return out
-
-
-def table_gradients(x: Any, d_bias: Any, tables: dict[str, Any], parts: dict[str, Any],
-                    c: Any, L: Any, dtype: Any, *, keys_reversed: bool = False
-                    ) -> dict[str, Any]:
-    """The gradients of FIRE's tables, ``c`` and ``L`` from the bias's cotangent `d_bias`.
-
-    `x` ``(t_q, t_k)`` is the MLP's input in the call's `dtype`, `d_bias` the
-    cotangent of the bias as `relpos_ref.schemes.fire.fire_bias` shapes it
-    (``(H, t_q, t_k)`` where a table has a head axis, else ``(t_q, t_k)``),
-    `tables` ``w1``, ``b1``, ``w2`` and ``b2`` when given (finite), `parts` the
-    specification's pieces of ``x`` in its wide dtype (`_fire_inputs._parts`). Returns
-    ``w1``, ``b1``, ``w2``, ``b2`` (when given: zeros; softmax takes a row's
-    constant away), ``c`` and ``L``, each of its argument's shape and dtype.
-    With `keys_reversed`, `x` and `d_bias` hold key ``t_k - 1 - j`` in column
-    ``j`` (sums over pairs do not depend on their order; `parts` stay in
-    order).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from relpos_ref.schemes import _fire_inputs
-    >>> parts = _fire_inputs._parts(np, 1, 2, 1.0, 1.0, 0.0, 1, np.float64, None)
-    >>> x = parts["x"]  # keys at distances 1 and 0: log 2 / log 2, 0
-    >>> tables = {"w1": np.ones((1, 1)), "b1": np.zeros(1), "w2": np.ones((1, 1))}
-    >>> g = table_gradients(x, np.ones((1, 2)), tables, parts, 1.0, 1.0, np.float64)
-    >>> g["w2"], g["b1"]  # relu(x) at x = 1: live; at x = 0: its breakpoint, no gradient
-    (array([[1.]]), array([1.]))
-    """
-    xp = _xp.array_namespace(x, d_bias)
-    d_out = d_bias if d_bias.ndim == 3 else d_bias[None, ...]
-    w1, b1, w2, _ = broadcast_tables(*(tables.get(n) for n in ("w1", "b1", "w2", "b2")))
-    d_x, d_w1, d_b1, d_w2 = mlp_vjp_by_pieces(x, d_out, w1, b1, w2)
-    if keys_reversed:
-        d_x = xp.flip(d_x, axis=-1)
-    d_c, d_l = _fire_inputs._parameter_gradients(xp, parts, xp.astype(d_x, parts["x"].dtype), c, L)
-    out = tables_from_unit_gradients(d_w1, d_b1, d_w2, tables)
-    out["c"] = _fire_inputs._like(xp, d_c, c, dtype)
-    out["L"] = _fire_inputs._like(xp, d_l, L, dtype)
     return out
