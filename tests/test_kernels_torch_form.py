@@ -338,3 +338,31 @@ def test_swin_reads_its_bias_as_a_window_of_one_2d_table():
     assert found.shape == (2, 5, 7) and rows.shape == (5, 7)
     shuffled = term.index.key[torch.randperm(12, generator=torch.Generator().manual_seed(0))]
     assert grid_table(table, IndexMap(term.index.rows, term.index.low, shuffled, shuffled)) is None
+
+
+@pytest.mark.parametrize("scheme", ["general", "grid2d", "swin", "deberta", "shaw"])
+@pytest.mark.parametrize("limit", [0, 2**29])
+def test_a_call_without_values_or_causal_structure_gives_sdpa_its_terms(scheme, limit,
+                                                                         monkeypatch):
+    # within TERMS_BYTES the engine makes the terms and SDPA takes them; past it, the engine
+    from relpos_ref.kernels import _torch_sdpa
+    from relpos_ref.kernels import torch as kernels_torch
+
+    monkeypatch.setattr(_torch_sdpa, "TERMS_BYTES", limit)
+    made, engine = [], []
+    for name, seen in (("terms_attention", made), ("form_attention", engine)):
+        inner = getattr(kernels_torch, name)
+        monkeypatch.setattr(kernels_torch, name,
+                            lambda *a, inner=inner, seen=seen, **kw: seen.append(1) or inner(*a,
+                                                                                        **kw))
+    args, kwargs = _typical(scheme)
+    if scheme == "shaw":
+        args = args[:4]  # the key table alone: no relative values
+    kwargs = {n: x for n, x in kwargs.items() if n != "causal"}
+    keep = torch.rand(args[0].shape[-2], args[1].shape[-2],
+                      generator=torch.Generator().manual_seed(1)) > 0.3
+    keep[0] = False  # a row with no allowed key: zeros
+    for mask in (None, keep):
+        got = KERNELS[scheme](*args, **kwargs, mask=mask)
+        _assert_close(got, _spec(scheme, args, {**kwargs, "mask": mask}))
+    assert (len(made), len(engine)) == ((2, 0) if limit else (0, 2))

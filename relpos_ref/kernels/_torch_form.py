@@ -68,7 +68,7 @@ from ._torch_key_terms import add_keys, key_product
 from ._torch_pairs import add_grid, add_pairs, grid_table, structure
 
 __all__ = [
-    "BLOCK_BYTES", "Plan", "arena_for", "fits", "form_attention", "gather_product",
+    "BLOCK_BYTES", "Plan", "add_terms", "arena_for", "fits", "form_attention", "gather_product",
     "plan", "rows_per_block", "weights", "window",
 ]
 
@@ -293,10 +293,19 @@ def logits(p: Plan, block: int, arena: Arena) -> Any:
     """Scores of block `block` (rows ``a .. b - 1``, keys ``width - 1 .. 0``), ``-inf``
     where a row may not attend: ``(L, r, width)`` from `arena`."""
     a, b, width = p.blocks[block]
+    t_k = p.form.call.t_k
+    scores = arena.take(p.q.shape[0], b - a, width)
+    torch.bmm(p.q[:, a:b], p.k[:, t_k - width:].mT, out=scores)
+    add_terms(scores, p, a, b, width, arena)
+    _mask(scores, p, a, b, width)
+    return scores
+
+
+def add_terms(scores: Any, p: Plan, a: int, b: int, width: int, arena: Arena) -> None:
+    """Every term of the plan added to the ``(L, r, width)`` `scores` of rows ``a .. b - 1``
+    (keys reversed), before the mask; `arena` for the temporaries."""
     call, r = p.form.call, b - a
     t_k, n_all = call.t_k, call.t_q + call.t_k - 1
-    scores = arena.take(p.q.shape[0], r, width)
-    torch.bmm(p.q[:, a:b], p.k[:, t_k - width:].mT, out=scores)
     start, n = window(call, a, b, width)
     for term in p.terms:
         if term.kind == "gather":
@@ -314,8 +323,6 @@ def logits(p: Plan, block: int, arena: Arena) -> Any:
         scores += hankel(p.bias[:, start:start + n], r, width, row=1, col=1, axes=1)
     if p.dense is not None:
         scores += p.dense[:, a:b, t_k - width:]
-    _mask(scores, p, a, b, width)
-    return scores
 
 
 def gather_product(term: Term, a: int, b: int, arena: Arena) -> Any:

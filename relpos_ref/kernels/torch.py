@@ -98,7 +98,7 @@ from ._torch_fire import fire_fused, fire_vjp_fused
 from ._torch_forgetting import forgetting_fused, forgetting_vjp_fused
 from ._torch_form import fits, form_attention
 from ._torch_form_vjp import form_vjp
-from ._torch_sdpa import by_sdpa, sdpa_form, sdpa_terms
+from ._torch_sdpa import by_sdpa, sdpa_form, sdpa_terms, terms_attention, with_terms_made
 from ._torch_swinv2 import without_penalty
 
 __all__ = ["BLOCKED_KERNELS", "KERNELS", "VJP_KERNELS"]
@@ -174,8 +174,11 @@ def attend(form: DistanceForm, *, fused: bool, flipped: tuple[Any, Any] | None =
     """Attention of a form: SDPA, the block engine, or ``NotImplemented``.
 
     `fused` (no gradient recorded): SDPA's fused kernels for the forms it
-    takes (`relpos_ref.kernels._torch_sdpa.by_sdpa`), the block engine
-    (`relpos_ref.kernels._torch_form`) for the others. Otherwise (autograd
+    takes (`relpos_ref.kernels._torch_sdpa.by_sdpa`); a form without relative
+    values or causal structure, with its terms made by the block engine
+    (`relpos_ref.kernels._torch_sdpa.terms_attention`, up to `TERMS_BYTES`
+    of them); the block engine (`relpos_ref.kernels._torch_form`) for the
+    others. Otherwise (autograd
     records the call, or a forward-mode tangent rides on it) a composition
     of differentiable operations: SDPA's math backend with the form's terms
     on the whole grid (`relpos_ref.lowering.form_terms`); a form with
@@ -203,6 +206,8 @@ def attend(form: DistanceForm, *, fused: bool, flipped: tuple[Any, Any] | None =
                           fused=False)
     if not fits(form):
         return NotImplemented
+    if with_terms_made(form):
+        return terms_attention(form, flipped)
     return form_attention(form, flipped)
 
 
