@@ -266,8 +266,8 @@ def terms_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None) 
     reversed) into one ``(..., t_q, t_k)`` array, and SDPA takes it as its
     additive mask (`sdpa_terms`, which masks), so that SDPA's own loop does
     the products and the softmax. t = 1024, 8 heads, one thread: general
-    75 to 83 -> 52 ms, grid2d 47 to 51 -> 41, Swin 41 -> 37, DeBERTa 92 ->
-    85 (SDPA with a materialized bias: 31). `flipped` as
+    75 to 83 -> 52 ms, grid2d 47 to 51 -> 41, Swin 41 -> 37, DeBERTa 83 to 89 ->
+    78 to 80 (SDPA with a materialized bias: 31). `flipped` as
     `relpos_ref.kernels._torch_form.plan` takes it.
 
     Examples
@@ -284,11 +284,12 @@ def terms_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None) 
     """
     p = plan(form, flipped)
     call = form.call
-    terms = p.q.new_zeros((p.q.shape[0], call.t_q, call.t_k))
+    terms = p.q.new_empty((p.q.shape[0], call.t_q, call.t_k))
     arena = arena_for(p)
-    for a, b, width in p.blocks:
+    for a, b, width in p.blocks:  # not causal: every row, every key
         arena.reset()
-        add_terms(terms[:, a:b, call.t_k - width:], p, a, b, width, arena)
+        block = terms[:, a:b].zero_()  # (block by block: in cache when the terms come)
+        add_terms(block, p, a, b, width, arena)
     terms = terms.reshape(*p.lead, call.t_q, call.t_k)
     return sdpa_terms(form.q, form.k, form.v, call, terms=Terms(bias=terms), mask=form.mask,
                       keys_reversed=True, flipped=flipped)
