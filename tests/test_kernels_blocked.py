@@ -187,6 +187,30 @@ def test_each_sdpa_call_holds_at_most_a_tile_of_mask(monkeypatch):
 
 
 @needs_torch
+def test_a_lean_blocked_call_makes_no_array_of_terms(monkeypatch):
+    # general (no values, not causal): with a mask each call's terms are made whole for SDPA
+    # (rows cut to 4 block ** 2 / t_k); without one, the block engine, as the lean bound says
+    from relpos_ref.kernels import torch as kernels_torch
+
+    made = []
+    original = kernels_torch.terms_attention
+    monkeypatch.setattr(kernels_torch, "terms_attention",
+                        lambda form, flipped=None: made.append(form.call.t_q)
+                        or original(form, flipped))
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 90, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    table = torch.randn(179, 4, generator=gen, dtype=torch.float64)
+    kwargs = {"scheme": "general", "block_size": 32}
+    got = BLOCKED["general"](q, k, v, table, **kwargs)
+    assert not made
+    _assert_close(got, _spec((q, k, v, table), kwargs))
+    mask = torch.rand(90, 90, generator=gen) < 0.9
+    got = BLOCKED["general"](q, k, v, table, **kwargs, mask=mask)
+    assert made
+    _assert_close(got, _spec((q, k, v, table), {**kwargs, "mask": mask}))
+
+
+@needs_torch
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_16_bit_blocked_calls_compute_in_float32(dtype):
     gen = torch.Generator().manual_seed(3)

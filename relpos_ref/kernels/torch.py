@@ -170,15 +170,16 @@ def lowered(entry: Any, q: Any, k: Any, v: Any, tables: dict[str, Any], call: Ca
     return entry.lower(q, k, v, tables, call=call, mask=mask, options={**options, **terms})
 
 
-def attend(form: DistanceForm, *, fused: bool, flipped: tuple[Any, Any] | None = None) -> Any:
+def attend(form: DistanceForm, *, fused: bool, flipped: tuple[Any, Any] | None = None,
+           whole_terms: bool = True) -> Any:
     """Attention of a form: SDPA, the block engine, or ``NotImplemented``.
 
     `fused` (no gradient recorded): SDPA's fused kernels for the forms it
     takes (`relpos_ref.kernels._torch_sdpa.by_sdpa`); a form without relative
     values or causal structure, with its terms made by the block engine
     (`relpos_ref.kernels._torch_sdpa.terms_attention`, up to `TERMS_BYTES`
-    of them); the block engine (`relpos_ref.kernels._torch_form`) for the
-    others. Otherwise (autograd
+    of them, where `whole_terms`); the block engine
+    (`relpos_ref.kernels._torch_form`) for the others. Otherwise (autograd
     records the call, or a forward-mode tangent rides on it) a composition
     of differentiable operations: SDPA's math backend with the form's terms
     on the whole grid (`relpos_ref.lowering.form_terms`); a form with
@@ -206,7 +207,7 @@ def attend(form: DistanceForm, *, fused: bool, flipped: tuple[Any, Any] | None =
                           fused=False)
     if not fits(form):
         return NotImplemented
-    if with_terms_made(form):
+    if whole_terms and with_terms_made(form):
         return terms_attention(form, flipped)
     return form_attention(form, flipped)
 
@@ -377,7 +378,8 @@ def _blocked_kernel(name: str) -> Callable[..., Any]:
             flipped = None
             if form.k is keys and form.v is values:  # the lowering kept them: reversed already
                 flipped = tuple(x[..., call.t_k - j1:, :] for x in reversed_keys)
-            return attend(form, fused=fused, flipped=flipped)
+            # (no mask: no (rows, t_k) array of terms, the `lean` bound of blocked_rows)
+            return attend(form, fused=fused, flipped=flipped, whole_terms=mask is not None)
 
         # no mask: a call reads one row of distances (SDPA), or blocks of rows (the engine)
         return blocked_rows(checked, q, v, name=name, lean=mask is None, attend=attend_tile)
