@@ -247,8 +247,9 @@ def _collect(p: Plan, g: _Grads) -> dict[Any, Any]:
     for t, term in enumerate(form.key_terms):
         _, acc, _ = next(terms)
         m = term.table.shape[-2]
-        acc = shaped(_unblocked(acc, acc.shape[-1], call.t_k).flip(-1))[..., :m, :]
-        d_vec, d_table = acc.mT @ (term.table * s), (acc @ term.vectors) * s
+        acc = shaped(_unblocked(acc, acc.shape[-1], call.t_k))[..., :m, :]  # keys reversed
+        d_vec = (acc.mT @ (term.table * s)).flip(-2)
+        d_table = (acc @ term.vectors.flip(-2)) * s
         out["key", t] = (_sum_to(d_vec, term.vectors.shape), _sum_to(d_table, term.table.shape))
     by_distance = None if g.bias is None else shaped(g.bias.flip(-1))
     for t, term in enumerate(form.biases):

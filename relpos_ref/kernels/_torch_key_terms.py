@@ -79,16 +79,18 @@ def add_keys(scores: Any, term: Any, start: int, width: int, t_k: int, arena: Ar
 
 
 def keys_backward(acc: Any, grad: Any, term: Any, start: int, width: int, t_k: int,
-                   arena: Arena) -> None:
-    """The block's logit gradient `grad` laid out per tile of keys as `add_keys` read the
-    term (entry ``(i' + jj, jj)``), added into the rows of the key product's gradient `acc`."""
-    r = grad.shape[-2]
+                  arena: Arena) -> None:
+    """The block's logit gradient `grad` added into the key product's gradient `acc` where
+    `add_keys` read the term: pair ``(i', jj)`` of a tile at its row of the window
+    (``i' + jj``) and its key's column, one scatter-add per tile."""
+    r, lanes, tile_width = grad.shape[-2], grad.shape[0], acc.shape[-1]
     for tile, t0, t1 in key_tiles(width, t_k):
         size = t1 - t0
-        offset = t0 + t_k - width - tile * acc.shape[-1]
+        offset = t0 + t_k - width - tile * tile_width
+        rows = hankel(term.rows[start + t0:start + t1 + r - 1], r, size, row=1, col=1, axes=1)
+        index = rows * tile_width + torch.arange(offset, offset + size, device=rows.device)
         mark = arena.used
-        by_row = arena.zeros(grad.shape[0], size + r - 1, size)
-        hankel(by_row, r, size, row=size, col=size + 1).copy_(grad[..., t0:t1])
-        acc[tile][..., offset:offset + size].index_add_(
-            1, term.rows[start + t0:start + t1 + r - 1], by_row)
+        part = arena.take(lanes, r, size).copy_(grad[..., t0:t1])
+        acc[tile].view(acc.shape[1], -1).scatter_add_(
+            1, index.reshape(1, -1).expand(lanes, -1), part.view(lanes, -1))
         arena.reset(mark)
