@@ -2,10 +2,10 @@
 
 A call no gradient is taken of makes FIRE's bias row by row (the rows
 normalised by ``psi(|L|)`` read from one row of distances, the others a block
-at a time, the causal mask a segment of its own), in reverse row order, and
-runs SDPA on the queries reversed; the VJP kernel runs torch's autograd
-through one SDPA call with that bias and carries its cotangent back through
-the MLP by pieces. Each is compared with the specification on torch under
+at a time, a causal block's unseen keys not made), keys reversed, and the
+block engine evaluates the call with it; the VJP kernel runs the engine's
+backward pass with that bias and carries its cotangent back through the MLP
+a block of rows at a time. Each is compared with the specification on torch under
 `relpos_ref.kernels.disabled`, and the tests check which path ran.
 """
 
@@ -254,3 +254,24 @@ def test_an_input_that_overflows_is_the_specifications(library, options):
     for name, grad in want_g.items():
         np.testing.assert_allclose(np.asarray(got_g[name]), np.asarray(grad), rtol=1e-5,
                                    atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_row_whose_bias_is_minus_infinity_at_every_key_gets_zeros(causal, direct_calls,
+                                                                      direct_vjps):
+    # w2 w1 = -1e40 overflows float32: every pair at x > 0 has a bias of -inf, so the queries
+    # past every key (q_offset 5) see none; zeros, forward and VJP, as the specification's
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 2), torch.randn(1, 3, 2), torch.randn(1, 3, 2)
+    w1, b1, w2 = torch.tensor([[1e20]]), torch.tensor([0.0]), torch.tensor([[-1e20]])
+    kwargs = {"q_offset": 5, "causal": causal}
+    d_output = torch.ones(1, 2, 2)
+    out = rp.fire_attention(q, k, v, w1, b1, w2, **kwargs)
+    got = rp.fire_attention_vjp(q, k, v, w1, b1, w2, d_output=d_output, **kwargs)
+    with kernels.disabled():
+        want = rp.fire_attention(q, k, v, w1, b1, w2, **kwargs)
+        want_vjp = rp.fire_attention_vjp(q, k, v, w1, b1, w2, d_output=d_output, **kwargs)
+    assert direct_calls and direct_vjps, "the calls did not reach the direct paths"
+    assert torch.equal(want, torch.zeros_like(want)) and torch.equal(out, want)
+    for name in ("q", "k", "v"):
+        assert torch.equal(got[name], want_vjp[name]), name

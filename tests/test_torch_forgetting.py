@@ -1,9 +1,9 @@
 """The forgetting bias's direct torch evaluation (`relpos_ref.kernels._torch_forgetting`).
 
-A call no gradient is taken of runs SDPA with the bias rounded once into the
-call's dtype (no float64 ``(h, t_q, t_k)`` arrays), and the VJP kernel runs
-torch's autograd through that one call, carrying the bias's row and column
-sums to ``f``. Each is compared with the specification on torch under
+A call no gradient is taken of runs the block engine with the bias rounded
+once into the call's dtype, keys reversed (no float64 ``(h, t_q, t_k)``
+arrays), and the VJP kernel the engine's backward pass, carrying the bias's
+row and column sums to ``f``. Each is compared with the specification on torch under
 `relpos_ref.kernels.disabled`, and the tests check which path ran.
 """
 
@@ -128,3 +128,22 @@ def test_the_gates_are_read_under_vmap_as_under_torch_func_transforms():
     out = torch.func.vmap(lambda x: rp.forgetting_attention(q, q, q, x))(f)
     for i in range(3):
         torch.testing.assert_close(out[i], rp.forgetting_attention(q, q, q, f[i]))
+
+
+def test_a_row_whose_bias_is_minus_infinity_at_every_key_gets_zeros(direct_calls):
+    # gates of -3e38 (finite): F_p - F_j rounds to -inf for the queries past the keys, so the
+    # bias masks every key of those rows; the specification gives them zeros, as the kernels
+    # must (forward and VJP), not the softmax's NaN
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 1, 2), torch.randn(1, 2, 2), torch.randn(1, 2, 2)
+    f = torch.full((1, 4), -3e38)
+    d_output = torch.ones(1, 1, 2)
+    out = rp.forgetting_attention(q, k, v, f, q_offset=3)
+    got = rp.forgetting_attention_vjp(q, k, v, f, q_offset=3, d_output=d_output)
+    with kernels.disabled():
+        want = rp.forgetting_attention(q, k, v, f, q_offset=3)
+        want_vjp = rp.forgetting_attention_vjp(q, k, v, f, q_offset=3, d_output=d_output)
+    assert direct_calls, "the call did not reach the direct evaluation"
+    assert torch.equal(want, torch.zeros_like(want)) and torch.equal(out, want)
+    for name, grad in want_vjp.items():
+        assert torch.equal(got[name], grad), name

@@ -69,6 +69,7 @@ from ._torch_pairs import add_grid, add_pairs, grid_table, structure
 
 __all__ = [
     "BLOCK_BYTES", "Plan", "add_terms", "arena_for", "fits", "form_attention", "gather_product",
+    "lead_axes",
     "plan", "rows_per_block", "weights", "window",
 ]
 
@@ -163,6 +164,27 @@ def _reversed_rows(index: IndexMap, m: int) -> Any:
     return torch.where(index.rows < 0, m, index.rows).flip(0)
 
 
+def lead_axes(form: DistanceForm, dense: Any = None) -> tuple[int, ...]:
+    """The call's batch: every array of the form (and `dense`) broadcast, but their last axes.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from relpos_ref.lowering import lower
+    >>> x = torch.zeros(3, 2)
+    >>> lead_axes(lower("shaw", x, x, x, x, mask=torch.ones(5, 3, 3, dtype=torch.bool)))
+    (5,)
+    """
+    shapes = [form.q.shape[:-2], form.k.shape[:-2], form.v.shape[:-2]]
+    shapes += [t.vectors.shape[:-2] for t in (*form.query_terms, *form.key_terms)]
+    shapes += [t.table.shape[:-2] for t in (*form.query_terms, *form.key_terms, *form.values)]
+    shapes += [t.table.shape[:-1] for t in form.biases]
+    if form.mask is not None:
+        shapes.append(form.mask.shape[:-2])
+    shapes += [x.shape[:-2] for x in (*form.dense, dense) if x is not None]
+    return tuple(torch.broadcast_shapes(*shapes))
+
+
 def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None,
          dense: Any = None) -> Plan:
     """What a call's blocks read: the contents with the keys reversed, one product per term.
@@ -175,14 +197,7 @@ def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None,
     block of rows may see.
     """
     call, s = form.call, form.call.scale
-    shapes = [form.q.shape[:-2], form.k.shape[:-2], form.v.shape[:-2]]
-    shapes += [t.vectors.shape[:-2] for t in (*form.query_terms, *form.key_terms)]
-    shapes += [t.table.shape[:-2] for t in (*form.query_terms, *form.key_terms, *form.values)]
-    shapes += [t.table.shape[:-1] for t in form.biases]
-    if form.mask is not None:
-        shapes.append(form.mask.shape[:-2])
-    shapes += [x.shape[:-2] for x in (*form.dense, dense) if x is not None]
-    lead = tuple(torch.broadcast_shapes(*shapes))
+    lead = lead_axes(form, dense)
     q = flat(form.q * s, lead).contiguous()
     flipped = (form.k.flip(-2), form.v.flip(-2)) if flipped is None else flipped
     k, v = (flat(x, lead).contiguous() for x in flipped)
@@ -363,8 +378,8 @@ def weights(p: Plan, block: int, arena: Arena) -> Any:
     """The softmax of a block's scores, keys reversed; rows with no allowed key are zeros."""
     scores = logits(p, block, arena)
     torch.ops.aten._softmax.out(scores, -1, False, out=scores)
-    if p.mask is not None:  # a row with no allowed key: NaN from the softmax, 0 wanted
-        torch.nan_to_num_(scores, nan=0.0)
+    if p.mask is not None or p.dense is not None:  # a row with no allowed key (a mask, or a
+        torch.nan_to_num_(scores, nan=0.0)  # dense term of -inf: a bias that masks): 0 wanted
     return scores
 
 

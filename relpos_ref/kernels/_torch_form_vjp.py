@@ -18,7 +18,8 @@ A relative-value term's ``dO V^T`` is read into ``dw`` as a query-side
 term is into the scores; each term's gradient is ``G`` read the way the
 forward wrote the term, backwards: summed over a run, laid out by distance
 and added into the rows of its product with ``index_add_`` (whole rows), or
-scattered back pair by pair. No ``(t_q, t_k)`` array exists, as in the
+scattered back pair by pair. No ``(t_q, t_k)`` array exists (but a dense
+term's gradient, which is one), as in the
 forward.
 """
 

@@ -33,12 +33,13 @@ from .._adapters import Terms
 from ..attention import allowed_keys
 from ..calls import Call
 from ..lowering import DistanceForm
-from ._torch_form import add_terms, arena_for, plan
+from ._torch_form import add_terms, arena_for, lead_axes, plan
 
 __all__ = ["TERMS_BYTES", "by_sdpa", "distance_bias", "sdpa_form", "sdpa_terms", "terms_attention",
            "toeplitz", "with_terms_made"]
 
-#: Largest ``(..., t_q, t_k)`` array of terms `terms_attention` makes (bytes).
+#: Most bytes of ``(..., t_q, t_k)`` arrays `terms_attention` makes (its terms; with a mask,
+#: also SDPA's mask made from them).
 TERMS_BYTES = 2**29
 
 
@@ -240,8 +241,8 @@ def _four_axes(x: Any, batch: tuple[int, ...]) -> Any:
 
 def with_terms_made(form: DistanceForm) -> bool:
     """Whether `terms_attention` takes the form: no relative value, no causal structure
-    (the block engine computes only the keys a causal block sees), terms within
-    `TERMS_BYTES`.
+    (the block engine computes only the keys a causal block sees), its terms (twice that
+    with a mask: SDPA's mask is another array of their size) within `TERMS_BYTES`.
 
     Examples
     --------
@@ -252,10 +253,10 @@ def with_terms_made(form: DistanceForm) -> bool:
     (True, False)
     """
     call = form.call
-    shapes = [form.q.shape[:-2], form.k.shape[:-2], form.v.shape[:-2]]
-    size = math.prod(torch.broadcast_shapes(*shapes)) * call.t_q * call.t_k
-    return (not form.values and not call.causal
-            and size * form.q.element_size() <= TERMS_BYTES)
+    size = math.prod(lead_axes(form)) * call.t_q * call.t_k * form.q.element_size()
+    if form.mask is not None:
+        size *= 2  # SDPA's mask: the terms with -inf where masked, one more such array
+    return not form.values and not call.causal and size <= TERMS_BYTES
 
 
 def terms_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None) -> Any:

@@ -3,7 +3,7 @@
 Each kernel validates its call with the scheme's own checks (so bad input gets
 the specification's message), lowers it to the distance form
 (`relpos_ref.lowering`, the catalog's ``lower``) and evaluates that form; no
-scheme's terms are derived here. Two evaluators (`attend`):
+scheme's terms are derived here. Three evaluators (`attend`):
 
 - torch's `torch.nn.functional.scaled_dot_product_attention` (SDPA), fused on
   every device torch has, for the forms with no term of ``q`` or ``k`` and no
@@ -15,7 +15,11 @@ scheme's terms are derived here. Two evaluators (`attend`):
   and Music with or without value tables, general, grid2d, Swin,
   Transformer-XL, DeBERTa): a block of query rows at a time, each term read
   from one product per call or per block through views, relative values
-  binned by run, no ``(t_q, t_k)`` array.
+  binned by run, no ``(t_q, t_k)`` array;
+- for a form of the engine without relative values or causal structure,
+  whose terms fit in `relpos_ref.kernels._torch_sdpa.TERMS_BYTES`: its terms
+  made by the engine's blocks into one ``(..., t_q, t_k)`` array, then SDPA
+  with them (`relpos_ref.kernels._torch_sdpa.terms_attention`).
 
 CoPE skips the lowering (``DIRECT``, `relpos_ref.kernels._torch_cope`): one
 product of ``q`` and ``k`` serves its gates and its logits; so does the
