@@ -24,6 +24,7 @@ zeros.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import torch
@@ -41,6 +42,27 @@ __all__ = ["TERMS_BYTES", "by_sdpa", "distance_bias", "sdpa_form", "sdpa_terms",
 #: Most bytes of ``(..., t_q, t_k)`` arrays `terms_attention` makes (its terms; with a mask,
 #: also SDPA's mask made from them).
 TERMS_BYTES = 2**29
+
+#: On the CPU, `terms_attention` keeps its array of terms for the thread's next call when it
+#: has at most this many bytes: glibc's allocator gives an array of 32 MiB or more fresh
+#: pages on every call (t = 1024, 8 heads, general: 62 ms a call against 49 with the array
+#: kept; the block engine 54).
+TERMS_KEPT = 2**26
+
+_KEPT = threading.local()
+
+
+def _terms_array(like: Any, shape: tuple[int, ...]) -> Any:
+    # an uninitialized array of `shape`: the thread's kept one where it is large enough
+    n = math.prod(shape)
+    kept = getattr(_KEPT, "array", None)
+    if (kept is not None and kept.dtype == like.dtype and kept.device == like.device
+            and kept.numel() >= n):
+        return kept[:n].view(shape)
+    out = like.new_empty(n)
+    if like.device.type == "cpu" and n * like.element_size() <= TERMS_KEPT:
+        _KEPT.array = out  # (CPU only: a CUDA stream could still read it)
+    return out.view(shape)
 
 
 def by_sdpa(form: DistanceForm) -> bool:
@@ -266,9 +288,10 @@ def terms_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None) 
     the form a block of query rows at a time (`add_terms`: scaled, keys
     reversed) into one ``(..., t_q, t_k)`` array, and SDPA takes it as its
     additive mask (`sdpa_terms`, which masks), so that SDPA's own loop does
-    the products and the softmax. t = 1024, 8 heads, one thread: general
-    75 to 83 -> 52 ms, grid2d 47 to 51 -> 41, Swin 41 -> 37, DeBERTa 83 to 89 ->
-    78 to 80 (SDPA with a materialized bias: 31). `flipped` as
+    the products and the softmax. On the CPU the array is kept for the
+    thread's next call (up to `TERMS_KEPT`). t = 1024, 8 heads, one thread,
+    glibc's default allocator: general 61 -> 50 ms, grid2d 48 -> 46, Swin
+    39 -> 38, DeBERTa 90 -> 75 (plain attention 27). `flipped` as
     `relpos_ref.kernels._torch_form.plan` takes it.
 
     Examples
@@ -285,7 +308,7 @@ def terms_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None) 
     """
     p = plan(form, flipped)
     call = form.call
-    terms = p.q.new_empty((p.q.shape[0], call.t_q, call.t_k))
+    terms = _terms_array(p.q, (p.q.shape[0], call.t_q, call.t_k))
     arena = arena_for(p)
     for a, b, width in p.blocks:  # not causal: every row, every key
         arena.reset()
