@@ -370,29 +370,27 @@ def test_a_call_without_values_or_causal_structure_gives_sdpa_its_terms(scheme, 
 
 def test_terms_attention_keeps_its_array_for_the_thread_s_next_call(monkeypatch):
     # two calls (different sizes) read one kept array and each equals the specification; an
-    # array past TERMS_KEPT is not kept; another thread has its own
+    # array past KEPT_BYTES is not kept; another thread has its own
     import threading
 
-    from relpos_ref.kernels import _torch_sdpa
-
-    monkeypatch.setattr(_torch_sdpa, "_KEPT", threading.local())
+    monkeypatch.setattr(_torch_blocks, "_KEPT", threading.local())
     args, kwargs = _typical("general")
     kwargs = {n: x for n, x in kwargs.items() if n != "causal"}
     first = KERNELS["general"](*args, **kwargs)
-    kept = _torch_sdpa._KEPT.array
+    kept = _torch_blocks._KEPT.array
     short = [a[..., :7, :] if i == 0 else a for i, a in enumerate(args)]  # fewer queries
     second = KERNELS["general"](*short, **kwargs)
-    assert _torch_sdpa._KEPT.array is kept  # reused, not replaced
+    assert _torch_blocks._KEPT.array is kept  # reused, not replaced
     _assert_close(first, _spec("general", args, kwargs))
     _assert_close(second, _spec("general", short, kwargs))
     seen = []
     thread = threading.Thread(target=lambda: (KERNELS["general"](*args, **kwargs),
-                                              seen.append(getattr(_torch_sdpa._KEPT, "array",
+                                              seen.append(getattr(_torch_blocks._KEPT, "array",
                                                                   None))))
     thread.start()
     thread.join()
     assert seen[0] is not None and seen[0] is not kept
-    monkeypatch.setattr(_torch_sdpa, "_KEPT", threading.local())
-    monkeypatch.setattr(_torch_sdpa, "TERMS_KEPT", 8)
+    monkeypatch.setattr(_torch_blocks, "_KEPT", threading.local())
+    monkeypatch.setattr(_torch_blocks, "KEPT_BYTES", 8)
     _assert_close(KERNELS["general"](*args, **kwargs), _spec("general", args, kwargs))
-    assert getattr(_torch_sdpa._KEPT, "array", None) is None
+    assert getattr(_torch_blocks._KEPT, "array", None) is None

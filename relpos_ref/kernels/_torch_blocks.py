@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import bisect
 import math
+import threading
 from typing import Any, NamedTuple
 
 import torch
 
 __all__ = [
-    "Arena", "Runs", "add_by_rows", "add_constant", "add_rows", "binned", "extended", "flat",
-    "hankel", "laid_piece", "laid_rows", "pieces", "region", "region_sums", "select",
-    "times_rows",
+    "KEPT_BYTES", "Arena", "Runs", "add_by_rows", "add_constant", "add_rows", "binned",
+    "extended", "flat", "hankel", "kept_array", "laid_piece", "laid_rows", "pieces", "region",
+    "region_sums", "select", "times_rows",
 ]
 
 
@@ -72,6 +73,42 @@ class Arena:
     def reset(self, mark: int = 0) -> None:
         """Every view taken since `mark` (a past `used`) may be overwritten from now on."""
         self.used = mark
+
+
+#: On the CPU, `kept_array` keeps one array of at most this many bytes per thread for the
+#: next call: glibc's allocator gives an array of 32 MiB or more fresh pages on every call
+#: (t = 1024, 8 heads: general through `terms_attention` 62 ms a call against 49 with its
+#: array kept).
+KEPT_BYTES = 2**26
+
+_KEPT = threading.local()
+
+
+def kept_array(like: Any, shape: tuple[int, ...]) -> Any:
+    """An uninitialized array of `shape`, of `like`'s dtype and device: on the CPU, the
+    thread's kept one where it is large enough (it holds one of at most `KEPT_BYTES`).
+
+    For a ``(t_q, t_k)``-sized array a kernel fills and reads within one call (terms, a
+    dense bias): the next call of the thread overwrites it. Not kept on other devices (a
+    stream could still read it).
+
+    Examples
+    --------
+    >>> import torch
+    >>> a = kept_array(torch.zeros(()), (2, 3))
+    >>> b = kept_array(torch.zeros(()), (3, 2))
+    >>> a.shape, b.shape, a.data_ptr() == b.data_ptr()
+    (torch.Size([2, 3]), torch.Size([3, 2]), True)
+    """
+    n = math.prod(shape)
+    kept = getattr(_KEPT, "array", None)
+    if (kept is not None and kept.dtype == like.dtype and kept.device == like.device
+            and kept.numel() >= n):
+        return kept[:n].view(shape)
+    out = like.new_empty(n)
+    if like.device.type == "cpu" and n * like.element_size() <= KEPT_BYTES:
+        _KEPT.array = out
+    return out.view(shape)
 
 
 def flat(x: Any, lead: tuple[int, ...], tail: int = 2) -> Any:

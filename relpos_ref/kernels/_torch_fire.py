@@ -54,6 +54,7 @@ from ..calls import Call
 from ..lowering import DistanceForm
 from ..schemes import _fire_inputs, fire
 from ._fire_vjp import sums_by_segment, tables_from_unit_gradients, unit_gradients
+from ._torch_blocks import kept_array
 from ._torch_form import form_attention
 from ._torch_form_vjp import form_vjp
 
@@ -92,13 +93,13 @@ def fire_bias_keys_reversed(named: dict[str, Any], call: Call, found: Any = None
     if found is None:
         return None  # the specification's NaN or infinite inputs
     w1 = named["w1"]
-    dtype, device = w1.dtype, w1.device
+    dtype = w1.dtype
     xp = _xp.array_namespace(w1)
     t_q, t_k = call.t_q, call.t_k
     logs, norm, shared = found.logs.flip(0), found.norms, found.shared
     bounds, columns = pieces(w1, named["b1"], named["w2"], named.get("b2"))
     heads = columns.shape[0] // 2
-    out = torch.empty((heads, t_q, t_k), dtype=dtype, device=device)
+    out = kept_array(w1, (heads, t_q, t_k))  # (the thread's kept array on the CPU)
 
     def seen(i1: int) -> int:
         return _seen(call, i1)

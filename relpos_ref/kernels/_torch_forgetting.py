@@ -7,7 +7,9 @@ each at 8 heads and t = 1024), which the allocator maps afresh on each call.
 `forgetting_bias_rounded` makes the same values on the causal region with one
 subtraction of the float64 cumulative sums into an array of the call's dtype
 (rounded once, as the specification rounds); the other entries, which the
-causal mask drops, are :math:`F_{p_i} - F_j` too. It makes them with the
+causal mask drops, are :math:`F_{p_i} - F_j` too (a block of `ROWS` rows at
+a time, into the thread's kept array on the CPU:
+`relpos_ref.kernels._torch_blocks.kept_array`). It makes them with the
 keys reversed, the order of `relpos_ref.kernels._torch_form`'s block engine,
 which evaluates the call with that bias as its dense term: a causal call's
 blocks of rows read only the keys their queries may see, about half the
@@ -26,10 +28,15 @@ from .. import _xp
 from ..calls import Call
 from ..lowering import DistanceForm
 from ..schemes import forgetting
+from ._torch_blocks import kept_array
 from ._torch_form import form_attention
 from ._torch_form_vjp import form_vjp
 
-__all__ = ["forgetting_bias_rounded", "forgetting_fused", "forgetting_vjp_fused"]
+__all__ = ["ROWS", "forgetting_bias_rounded", "forgetting_fused", "forgetting_vjp_fused"]
+
+#: Rows of the bias subtracted at a time: torch computes a float64 block, then rounds it (the
+#: whole bias at once took a float64 (h, t_q, t_k) temporary: 64 MiB at 8 heads, t = 1024).
+ROWS = 64
 
 
 def forgetting_bias_rounded(f: Any, call: Call, dtype: Any) -> Any:
@@ -54,9 +61,34 @@ def forgetting_bias_rounded(f: Any, call: Call, dtype: Any) -> Any:
     big_f = forgetting.forgetting_cumsum(f)
     n = big_f.shape[-1]
     at_query = (torch.arange(call.t_q, device=f.device) + call.q_offset).clamp_(0, n - 1)
-    out = torch.empty((*big_f.shape[:-1], call.t_q, call.t_k), dtype=dtype, device=f.device)
-    torch.sub(big_f[..., at_query, None], big_f[..., None, :call.t_k].flip(-1), out=out)
+    out = kept_array(torch.empty((), dtype=dtype, device=f.device),
+                     (*big_f.shape[:-1], call.t_q, call.t_k))
+    keys = big_f[..., None, :call.t_k].flip(-1)
+    wide = None  # one block of rows in the sums' dtype, rounded into `out`
+    for a in range(0, call.t_q, ROWS):
+        rows = at_query[a:a + ROWS]
+        if wide is None or wide.shape[-2] != rows.shape[0]:
+            wide = big_f.new_empty((*big_f.shape[:-1], rows.shape[0], call.t_k))
+        torch.sub(big_f[..., rows, None], keys, out=wide)
+        out[..., a:a + ROWS, :].copy_(wide)
     return out
+
+
+def _sums(d_bias: Any, wide: Any) -> tuple[Any, Any]:
+    # the row sums (..., t_q) and the column sums (..., t_k), keys back in order, of `d_bias`
+    # (keys reversed) in `wide`, a block of ROWS rows at a time (no `wide` copy of the whole)
+    t_q = d_bias.shape[-2]
+    rows = d_bias.new_empty(d_bias.shape[:-1], dtype=wide)
+    cols = d_bias.new_zeros((*d_bias.shape[:-2], d_bias.shape[-1]), dtype=wide)
+    block = None
+    for a in range(0, t_q, ROWS):
+        part = d_bias[..., a:a + ROWS, :]
+        if block is None or block.shape != part.shape:
+            block = part.new_empty(part.shape, dtype=wide)
+        block.copy_(part)
+        torch.sum(block, dim=-1, out=rows[..., a:a + ROWS])
+        cols += block.sum(dim=-2)
+    return rows, cols.flip(-1)
 
 
 def forgetting_fused(q: Any, k: Any, v: Any, tables: dict[str, Any], call: Call,
@@ -105,6 +137,6 @@ def forgetting_vjp_fused(q: Any, k: Any, v: Any, tables: dict[str, Any], call: C
                      dense=forgetting_bias_rounded(f, call, q.dtype))
     d_bias = grads["dense"]  # keys reversed
     wide = forgetting._accumulator(_xp.array_namespace(f), f.device)  # float64 where it can
-    rows, cols = d_bias.sum(dim=-1, dtype=wide), d_bias.sum(dim=-2, dtype=wide).flip(-1)
+    rows, cols = _sums(d_bias, wide)
     d_f = forgetting.forgetting_f_gradient_from_sums(f, rows, cols, call.q_offset)
     return {"q": grads["q"], "k": grads["k"], "v": grads["v"], "f": d_f}

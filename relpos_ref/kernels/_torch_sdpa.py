@@ -24,7 +24,6 @@ zeros.
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any
 
 import torch
@@ -34,6 +33,7 @@ from .._adapters import Terms
 from ..attention import allowed_keys
 from ..calls import Call
 from ..lowering import DistanceForm
+from ._torch_blocks import kept_array
 from ._torch_form import add_terms, arena_for, lead_axes, plan
 
 __all__ = ["TERMS_BYTES", "by_sdpa", "distance_bias", "sdpa_form", "sdpa_terms", "terms_attention",
@@ -43,26 +43,6 @@ __all__ = ["TERMS_BYTES", "by_sdpa", "distance_bias", "sdpa_form", "sdpa_terms",
 #: also SDPA's mask made from them).
 TERMS_BYTES = 2**29
 
-#: On the CPU, `terms_attention` keeps its array of terms for the thread's next call when it
-#: has at most this many bytes: glibc's allocator gives an array of 32 MiB or more fresh
-#: pages on every call (t = 1024, 8 heads, general: 62 ms a call against 49 with the array
-#: kept; the block engine 54).
-TERMS_KEPT = 2**26
-
-_KEPT = threading.local()
-
-
-def _terms_array(like: Any, shape: tuple[int, ...]) -> Any:
-    # an uninitialized array of `shape`: the thread's kept one where it is large enough
-    n = math.prod(shape)
-    kept = getattr(_KEPT, "array", None)
-    if (kept is not None and kept.dtype == like.dtype and kept.device == like.device
-            and kept.numel() >= n):
-        return kept[:n].view(shape)
-    out = like.new_empty(n)
-    if like.device.type == "cpu" and n * like.element_size() <= TERMS_KEPT:
-        _KEPT.array = out  # (CPU only: a CUDA stream could still read it)
-    return out.view(shape)
 
 
 def by_sdpa(form: DistanceForm) -> bool:
@@ -289,9 +269,10 @@ def terms_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None) 
     reversed) into one ``(..., t_q, t_k)`` array, and SDPA takes it as its
     additive mask (`sdpa_terms`, which masks), so that SDPA's own loop does
     the products and the softmax. On the CPU the array is kept for the
-    thread's next call (up to `TERMS_KEPT`). t = 1024, 8 heads, one thread,
-    glibc's default allocator: general 61 -> 50 ms, grid2d 48 -> 46, Swin
-    39 -> 38, DeBERTa 90 -> 75 (plain attention 27). `flipped` as
+    thread's next call (`relpos_ref.kernels._torch_blocks.kept_array`).
+    t = 1024, 8 heads, one thread, glibc's default allocator: general 61 ->
+    50 ms, grid2d 48 -> 46, Swin 39 -> 38, DeBERTa 90 -> 75 (plain attention
+    27). `flipped` as
     `relpos_ref.kernels._torch_form.plan` takes it.
 
     Examples
@@ -308,7 +289,7 @@ def terms_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None) 
     """
     p = plan(form, flipped)
     call = form.call
-    terms = _terms_array(p.q, (p.q.shape[0], call.t_q, call.t_k))
+    terms = kept_array(p.q, (p.q.shape[0], call.t_q, call.t_k))
     arena = arena_for(p)
     for a, b, width in p.blocks:  # not causal: every row, every key
         arena.reset()
