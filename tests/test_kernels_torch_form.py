@@ -377,20 +377,19 @@ def test_terms_attention_keeps_its_array_for_the_thread_s_next_call(monkeypatch)
     args, kwargs = _typical("general")
     kwargs = {n: x for n, x in kwargs.items() if n != "causal"}
     first = KERNELS["general"](*args, **kwargs)
-    kept = _torch_blocks._KEPT.array
+    kept = _torch_blocks._KEPT.arrays[0]
     short = [a[..., :7, :] if i == 0 else a for i, a in enumerate(args)]  # fewer queries
     second = KERNELS["general"](*short, **kwargs)
-    assert _torch_blocks._KEPT.array is kept  # reused, not replaced
+    assert _torch_blocks._KEPT.arrays[0] is kept  # reused, not replaced
     _assert_close(first, _spec("general", args, kwargs))
     _assert_close(second, _spec("general", short, kwargs))
     seen = []
     thread = threading.Thread(target=lambda: (KERNELS["general"](*args, **kwargs),
-                                              seen.append(getattr(_torch_blocks._KEPT, "array",
-                                                                  None))))
+                                              seen.append(_torch_blocks._KEPT.arrays.get(0))))
     thread.start()
     thread.join()
     assert seen[0] is not None and seen[0] is not kept
     monkeypatch.setattr(_torch_blocks, "_KEPT", threading.local())
     monkeypatch.setattr(_torch_blocks, "KEPT_BYTES", 8)
     _assert_close(KERNELS["general"](*args, **kwargs), _spec("general", args, kwargs))
-    assert getattr(_torch_blocks._KEPT, "array", None) is None
+    assert not _torch_blocks._KEPT.__dict__.get("arrays")

@@ -84,13 +84,14 @@ KEPT_BYTES = 2**26
 _KEPT = threading.local()
 
 
-def kept_array(like: Any, shape: tuple[int, ...]) -> Any:
+def kept_array(like: Any, shape: tuple[int, ...], slot: int = 0) -> Any:
     """An uninitialized array of `shape`, of `like`'s dtype and device: on the CPU, the
-    thread's kept one where it is large enough (it holds one of at most `KEPT_BYTES`).
+    thread's kept one of `slot` where it is large enough (each slot holds one of at most
+    `KEPT_BYTES`).
 
     For a ``(t_q, t_k)``-sized array a kernel fills and reads within one call (terms, a
-    dense bias): the next call of the thread overwrites it. Not kept on other devices (a
-    stream could still read it).
+    dense bias in slot 0, its gradient in slot 1): the next call of the thread overwrites
+    it. Not kept on other devices (a stream could still read it).
 
     Examples
     --------
@@ -101,13 +102,14 @@ def kept_array(like: Any, shape: tuple[int, ...]) -> Any:
     (torch.Size([2, 3]), torch.Size([3, 2]), True)
     """
     n = math.prod(shape)
-    kept = getattr(_KEPT, "array", None)
+    arrays = _KEPT.__dict__.setdefault("arrays", {})
+    kept = arrays.get(slot)
     if (kept is not None and kept.dtype == like.dtype and kept.device == like.device
             and kept.numel() >= n):
         return kept[:n].view(shape)
     out = like.new_empty(n)
     if like.device.type == "cpu" and n * like.element_size() <= KEPT_BYTES:
-        _KEPT.array = out
+        arrays[slot] = out
     return out.view(shape)
 
 

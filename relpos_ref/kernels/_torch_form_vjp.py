@@ -31,7 +31,7 @@ import torch
 
 from ..lowering import DistanceForm
 from . import _torch_form
-from ._torch_blocks import Arena, laid_rows, pieces, region_sums
+from ._torch_blocks import Arena, kept_array, laid_rows, pieces, region_sums
 from ._torch_form import (
     Plan,
     Term,
@@ -75,8 +75,9 @@ class _Grads:
                         for t in p.terms]
         self.bias = None if p.bias is None else p.bias.new_zeros(p.bias.shape)
         self.values = [t.table.new_zeros(t.table.shape) for t in p.values]
-        # written block by block (`_block`), the rows no block holds zeroed here
-        self.dense = None if p.dense is None else p.dense.new_empty(p.dense.shape)
+        # written block by block (`_block`), the rows no block holds zeroed here; the thread's
+        # kept array of slot 1 (`kept_array`: the gradient is read before the next call)
+        self.dense = None if p.dense is None else kept_array(p.dense, p.dense.shape, slot=1)
         if self.dense is not None:
             self.dense[:, :p.blocks[0][0] if p.blocks else p.form.call.t_q].zero_()
 
