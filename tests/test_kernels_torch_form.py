@@ -393,3 +393,27 @@ def test_terms_attention_keeps_its_array_for_the_thread_s_next_call(monkeypatch)
     monkeypatch.setattr(_torch_blocks, "KEPT_BYTES", 8)
     _assert_close(KERNELS["general"](*args, **kwargs), _spec("general", args, kwargs))
     assert not _torch_blocks._KEPT.__dict__.get("arrays")
+
+
+@pytest.mark.parametrize("first", ["general", "forgetting", "fire"])
+def test_a_kept_array_made_in_inference_mode_serves_the_calls_after_it(first, monkeypatch):
+    # the thread's kept array is a normal tensor even when made under inference_mode, so
+    # later calls outside that mode can write into it (an inference tensor could not be)
+    import threading
+
+    monkeypatch.setattr(_torch_blocks, "_KEPT", threading.local())
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 16, 8, generator=gen) for _ in range(3))
+    tables = {"general": (torch.randn(31, 8, generator=gen),),
+              "forgetting": (torch.randn(2, 16, generator=gen),),
+              "fire": (torch.randn(4, 1, generator=gen), torch.randn(4, generator=gen),
+                       torch.randn(2, 4, generator=gen))}
+    with torch.inference_mode():
+        KERNELS[first](q, k, v, *tables[first])
+    assert not _torch_blocks._KEPT.arrays[0].is_inference()
+    for scheme in ("general", "forgetting", "fire"):
+        _assert_close(KERNELS[scheme](q, k, v, *tables[scheme]),
+                      _spec(scheme, (q, k, v, *tables[scheme]), {}))
+        got = VJP_KERNELS[scheme](q, k, v, *tables[scheme], d_output=torch.ones(2, 16, 8))
+        _assert_gradients_close(got, _spec(scheme, (q, k, v, *tables[scheme]),
+                                           {"d_output": torch.ones(2, 16, 8)}, vjp=True))

@@ -91,7 +91,9 @@ def kept_array(like: Any, shape: tuple[int, ...], slot: int = 0) -> Any:
 
     For a ``(t_q, t_k)``-sized array a kernel fills and reads within one call (terms, a
     dense bias in slot 0, its gradient in slot 1): the next call of the thread overwrites
-    it. Not kept on other devices (a stream could still read it).
+    it, so no caller may hold it past its call. Not kept on other devices (a stream could
+    still read it). Made outside `torch.inference_mode`, so that a call in that mode and
+    one outside it share it. A thread holds at most two such arrays until it ends.
 
     Examples
     --------
@@ -107,10 +109,11 @@ def kept_array(like: Any, shape: tuple[int, ...], slot: int = 0) -> Any:
     if (kept is not None and kept.dtype == like.dtype and kept.device == like.device
             and kept.numel() >= n):
         return kept[:n].view(shape)
-    out = like.new_empty(n)
-    if like.device.type == "cpu" and n * like.element_size() <= KEPT_BYTES:
-        arrays[slot] = out
-    return out.view(shape)
+    if like.device.type != "cpu" or n * like.element_size() > KEPT_BYTES:
+        return like.new_empty(shape)
+    with torch.inference_mode(False):  # a normal tensor: written later outside that mode too
+        arrays[slot] = like.new_empty(n)
+    return arrays[slot].view(shape)
 
 
 def flat(x: Any, lead: tuple[int, ...], tail: int = 2) -> Any:

@@ -72,7 +72,9 @@ def fire_bias_keys_reversed(named: dict[str, Any], call: Call, found: Any = None
     the bias's) and the options ``b2``, ``c``, ``L`` and ``eps`` where given; ``H``
     is 1 where no table has a head axis; `found` the input's factors where
     already made (`relpos_ref._fire_pieces.input_factors`). Column ``j~`` holds key
-    ``t_k - 1 - j~`` (the block engine's order, `relpos_ref.kernels._torch_form`).
+    ``t_k - 1 - j~`` (the block engine's order, `relpos_ref.kernels._torch_form`); on the
+    CPU it is the thread's kept array (`relpos_ref.kernels._torch_blocks.kept_array`), to
+    be read before its next call.
     In a causal call, the keys after the last query of a block of rows (the
     rows sharing one normaliser, then blocks of `ROWS`) are left unwritten:
     the engine masks them.

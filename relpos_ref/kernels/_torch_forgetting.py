@@ -41,7 +41,8 @@ ROWS = 64
 
 def forgetting_bias_rounded(f: Any, call: Call, dtype: Any) -> Any:
     """The bias ``(..., h, t_q, t_k)`` of a validated call, in `dtype`, rounded once, keys
-    reversed (column ``j~`` holds key ``t_k - 1 - j~``).
+    reversed (column ``j~`` holds key ``t_k - 1 - j~``): on the CPU the thread's kept array
+    (`relpos_ref.kernels._torch_blocks.kept_array`), to be read before its next call.
 
     Equal to `relpos_ref.schemes.forgetting.forgetting_bias` where ``j <= p_i``.
 

@@ -179,8 +179,10 @@ def form_vjp(form: DistanceForm, d_output: Any, dense: Any = None) -> dict[Any, 
     each term ``("query", t)`` and ``("key", t)``: ``(vectors, table)``;
     ``("bias", t)`` and ``("values", t)``: its table; ``"dense"``:
     ``(position, bias)`` of the form's dense terms (``None`` for one it has
-    not), or the gradient of `dense` (keys reversed, as given: `plan`); each
-    summed to the shape of the array it is the gradient of.
+    not), or the gradient of `dense` (keys reversed, as given: `plan`; on the
+    CPU possibly a view of the thread's kept array,
+    `relpos_ref.kernels._torch_blocks.kept_array`: read it before the next
+    call); each summed to the shape of the array it is the gradient of.
 
     Examples
     --------

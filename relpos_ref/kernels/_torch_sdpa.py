@@ -44,7 +44,6 @@ __all__ = ["TERMS_BYTES", "by_sdpa", "distance_bias", "sdpa_form", "sdpa_terms",
 TERMS_BYTES = 2**29
 
 
-
 def by_sdpa(form: DistanceForm) -> bool:
     """Whether SDPA takes the form: no content-position term, no relative value, every bias
     by distance.
