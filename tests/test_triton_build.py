@@ -9,8 +9,10 @@ mask, a bias row, a window with relative values, coordinate maps; 16-bit and
 float32) is built in a subprocess, where triton compiles (the test session
 runs its interpreter), and each must fit the shared memory of one H100/H200
 block (at the pipeline stages a launch would take) and multiply on tensor
-cores. Spills are reported, not refused (see the backends page). The builds
-go through the kernels' own JIT, with a stand-in driver naming the target.
+cores. The variants that build without spilling (`SPILL_FREE`) must stay so;
+the others' spills are reported (the window variants spill at every tile
+size tried, the backends page says how much). The builds go through the
+kernels' own JIT, with a stand-in driver naming the target.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ pytest.importorskip("triton")
 
 #: Shared memory one block may take on an H100 or H200 (227 KiB).
 SHARED_LIMIT = 232448
+
+#: The built variants that spill nothing (triton 3.9; 3.6 too): a spill there is a regression.
+#: Shaw's window (1136 bytes) and the bias family's dQ kernel (536) spill and are reported.
+SPILL_FREE = frozenset({"plain-float16", "bias-float16", "grid2d-float16", "bias-float32",
+                        "bias-float16-dkdv"})
 
 
 def _build(schemes: str, dtypes: str, *more: str) -> list[dict]:
@@ -51,6 +58,8 @@ def test_kernel_variants_build_for_hopper_fit_and_use_tensor_cores():
         assert report["tensor_cores"], report
         # no product under a branch inside a loop: triton 3.6's pipeliner fails on one
         assert report["branched_products"] == 0, report
+        if report["variant"] in SPILL_FREE:
+            assert report["spills"] == 0, report
         if report["variant"] in ("plain-float16", "bias-float16", "grid2d-float16",
                                  "shaw-float16", "bias-float16-dq", "bias-float16-dkdv"):
             assert report["wgmma"], report  # tiles of 64 queries: Hopper's warp-group products
