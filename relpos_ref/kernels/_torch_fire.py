@@ -102,22 +102,16 @@ def fire_bias_keys_reversed(named: dict[str, Any], call: Call, found: Any = None
     bounds, columns = pieces(w1, named["b1"], named["w2"], named.get("b2"))
     heads = columns.shape[0] // 2
     out = kept_array(w1, (heads, t_q, t_k))  # (the thread's kept array on the CPU)
-
-    def seen(i1: int) -> int:
-        return _seen(call, i1)
-
     if shared:  # rows 0 .. shared - 1: one normaliser, a function of the distance alone
         x = (logs / norm[0]).to(dtype)
         segment = segments(xp, bounds, x)
         row = columns[:heads, segment] * x + columns[heads:, segment]
-        first = t_k - seen(shared)
+        first = t_k - _seen(call, shared)
         out[:, :shared, first:] = row.unfold(-1, t_k, 1)[:, :shared, first:]
     windows = logs.unfold(0, t_k, 1)
     for i0 in range(shared, t_q, ROWS):
         i1 = min(t_q, i0 + ROWS)
-        first = t_k - seen(i1)
-        # (the division's result may come in the overlapping windows' column order)
-        x = (windows[i0:i1, first:] / norm[i0:i1, None]).to(dtype).contiguous()
+        first, x = _block_inputs(windows, norm, call, i0, i1, dtype)
         segment = segments(xp, bounds, x)
         picked = torch.index_select(columns, 1, segment.reshape(-1))
         picked = picked.reshape(2 * heads, i1 - i0, t_k - first)
@@ -138,6 +132,16 @@ def _factors(named: dict[str, Any], call: Call) -> Any:
 def _seen(call: Call, i1: int) -> int:
     # the keys the rows before i1 may see, the last columns with the keys reversed
     return min(call.t_k, max(0, i1 + call.q_offset)) if call.causal else call.t_k
+
+
+def _block_inputs(windows: Any, norm: Any, call: Call, i0: int, i1: int, dtype: Any
+                  ) -> tuple[int, Any]:
+    # rows i0 .. i1 - 1's inputs x, rounded once to `dtype`, on the keys those rows may see
+    # (columns `first` ..): the bias and its VJP read the same x, so the same segments.
+    # `windows` (t_q, t_k): the distances' logs reversed, a window per row
+    first = call.t_k - _seen(call, i1)
+    # (the division's result may come in the overlapping windows' column order)
+    return first, (windows[i0:i1, first:] / norm[i0:i1, None]).to(dtype).contiguous()
 
 
 def mlp_vjp_by_blocks(d_bias: Any, named: dict[str, Any], call: Call, found: Any) -> dict:
@@ -183,10 +187,9 @@ def mlp_vjp_by_blocks(d_bias: Any, named: dict[str, Any], call: Call, found: Any
     d_a = d_b = torch.zeros((w2.shape[0], n_seg), dtype=wide, device=w1.device)
     for i0 in range(0, t_q, ROWS):
         i1 = min(t_q, i0 + ROWS)
-        first = t_k - _seen(call, i1)
+        first, x = _block_inputs(psi, norm, call, i0, i1, dtype)  # as the bias made them
         if first == t_k:
             continue
-        x = (psi[i0:i1, first:] / norm[i0:i1, None]).to(dtype).contiguous()  # as the bias
         segment = segments(xp, found_units.u, x).reshape(-1)
         d_out = d_bias[:, i0:i1, first:].reshape(d_bias.shape[0], -1)
         d_x = (d_out * torch.index_select(slope, 1, segment)).sum(0).reshape(i1 - i0, -1).to(wide)

@@ -209,8 +209,7 @@ def form_vjp(form: DistanceForm, d_output: Any, dense: Any = None) -> dict[Any, 
         _block(p, g, d_out, block, arena)
     out = _collect(p, g)
     if dense is not None:
-        out["dense"] = _sum_to(g.dense[0] if g.dense.shape[0] == 1 else
-                               g.dense.reshape(*p.lead, *g.dense.shape[1:]), dense.shape)
+        out["dense"] = _sum_to(out["dense"], dense.shape)
     return out
 
 
@@ -273,10 +272,13 @@ def _collect(p: Plan, g: _Grads) -> dict[Any, Any]:
     for t, (term, acc) in enumerate(zip(form.values, g.values, strict=True)):
         acc = acc[0] if acc.shape[0] == 1 and term.table.dim() == 2 else shaped(acc)
         out["values", t] = _sum_to(acc[..., :term.table.shape[-2], :], term.table.shape)
-    if any(x is not None for x in form.dense):  # the gradient of s P + B, keys in order
-        d_term = g.dense.flip(-1)
-        d_term = d_term[0] if d_term.shape[0] == 1 else shaped(d_term)
+    if g.dense is not None:  # the gradient of s P + B
+        d_term = g.dense[0] if g.dense.shape[0] == 1 else shaped(g.dense)
         position, bias = form.dense
-        out["dense"] = (None if position is None else _sum_to(d_term * s, position.shape),
-                        None if bias is None else _sum_to(d_term, bias.shape))
+        if position is None and bias is None:  # a kernel's `dense`: keys reversed, as given
+            out["dense"] = d_term
+        else:  # the form's own: keys in order
+            d_term = d_term.flip(-1)
+            out["dense"] = (None if position is None else _sum_to(d_term * s, position.shape),
+                            None if bias is None else _sum_to(d_term, bias.shape))
     return out

@@ -271,19 +271,19 @@ def terms_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None) 
     thread's next call (`relpos_ref.kernels._torch_blocks.kept_array`).
     t = 1024, 8 heads, one thread, glibc's default allocator: general 61 ->
     50 ms, grid2d 48 -> 46, Swin 39 -> 38, DeBERTa 90 -> 75 (plain attention
-    27). `flipped` as
-    `relpos_ref.kernels._torch_form.plan` takes it.
+    27). `flipped` as `relpos_ref.kernels._torch_form.plan` takes it.
 
     Examples
     --------
     >>> import torch
     >>> import relpos_ref as rp
     >>> from relpos_ref.lowering import lower
-    >>> q = k = v = torch.eye(4, dtype=torch.float64)[None]
-    >>> table = torch.linspace(-1, 1, 12, dtype=torch.float64).reshape(3, 4)
-    >>> out = terms_attention(lower("shaw", q, k, v, table))
+    >>> q = k = v = torch.randn(2, 5, 4, dtype=torch.float64)  # two heads, five positions
+    >>> table = torch.randn(9, 4, dtype=torch.float64)  # general: one row per distance
+    >>> keep = torch.rand(5, 5) > 0.2
+    >>> out = terms_attention(lower("general", q, k, v, table, mask=keep))
     >>> with rp.kernels.disabled():
-    ...     bool(torch.allclose(out, rp.shaw_attention(q, k, v, table)))
+    ...     bool(torch.allclose(out, rp.general_attention(q, k, v, table, mask=keep)))
     True
     """
     p = plan(form, flipped)

@@ -346,8 +346,9 @@ def _form_arrays(form: DistanceForm, grads: dict[Any, Any]) -> list[tuple[Any, A
             pairs += [(term.vectors, d_vectors), (term.table, d_table)]
     pairs += [(term.table, grads["bias", t]) for t, term in enumerate(form.biases)]
     pairs += [(term.table, grads["values", t]) for t, term in enumerate(form.values)]
-    pairs += [(x, d) for x, d in zip(form.dense, grads.get("dense", ()), strict=False)
-              if x is not None]
+    if "dense" in grads:  # plain attention's position and bias
+        pairs += [(x, d) for x, d in zip(form.dense, grads["dense"], strict=True)
+                  if x is not None]
     return pairs
 
 
