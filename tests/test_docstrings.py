@@ -33,6 +33,7 @@ MODULES = [
     "relpos_ref.kernels._torch_form_vjp",
     "relpos_ref.kernels._torch_blocks",
     "relpos_ref.kernels._torch_key_terms",
+    "relpos_ref.kernels._torch_plan",
     "relpos_ref.kernels._torch_pairs",
     "relpos_ref.kernels._overflow",
     "relpos_ref.kernels._torch_cope",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -32,7 +33,12 @@ from relpos_ref import catalog, kernels
 
 torch = pytest.importorskip("torch")
 
-from relpos_ref.kernels import _torch_blocks, _torch_form, _torch_key_terms  # noqa: E402
+from relpos_ref.kernels import (  # noqa: E402
+    _torch_blocks,
+    _torch_form,
+    _torch_key_terms,
+    _torch_plan,
+)
 from relpos_ref.kernels._torch_blocks import (  # noqa: E402
     Arena,
     Runs,
@@ -40,9 +46,11 @@ from relpos_ref.kernels._torch_blocks import (  # noqa: E402
     add_rows,
     laid_piece,
     laid_rows,
+    piece_count,
     pieces,
     region_sums,
 )
+from relpos_ref.kernels._torch_key_terms import _one_row  # noqa: E402
 from relpos_ref.kernels._torch_pairs import grid_table, structure  # noqa: E402
 from relpos_ref.lowering import IndexMap, lower  # noqa: E402
 
@@ -62,9 +70,9 @@ KNOBS = st.fixed_dictionaries({
 @contextlib.contextmanager
 def _knobs(values):
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_torch_form, "MIN_ROWS", 1)
+        patch.setattr(_torch_plan, "MIN_ROWS", 1)
         for name, value in values.items():
-            owner = _torch_key_terms if name == "KEY_TILE" else _torch_form
+            owner = {"KEY_TILE": _torch_key_terms, "MAX_PIECES": _torch_form}.get(name, _torch_plan)
             patch.setattr(owner, name, value)
         yield
 
@@ -249,7 +257,7 @@ def test_the_engine_holds_no_grid_of_scores(monkeypatch):
         return original(self, *shape)
 
     monkeypatch.setattr(_torch_blocks.Arena, "take", spy)
-    monkeypatch.setattr(_torch_form, "BLOCK_BYTES", 2 * 64 * 256 * 8)  # 64 rows a block
+    monkeypatch.setattr(_torch_plan, "BLOCK_BYTES", 2 * 64 * 256 * 8)  # 64 rows a block
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 256, 8, generator=gen, dtype=torch.float64) for _ in range(3))
     table = torch.randn(9, 8, generator=gen, dtype=torch.float64)
@@ -319,6 +327,26 @@ def test_runs_cover_the_rows_and_pieces_the_window(rows, data):
         seen |= set(range(u_lo, u_hi))
     window = {u for u in range(n) if rows[n_all - 1 - start - u] >= 0}
     assert seen == window
+    assert piece_count(runs, n_all, start, n) == len(pieces(runs, n_all, start, n))
+    # a key-side term's window read as one row only where every distance reads that row
+    term = SimpleNamespace(runs=runs)
+    one = {rows[n_all - 1 - start - u] for u in range(n)}
+    got = _one_row(term, n_all, start, n)
+    if len(one) == 1 and one != {-1}:  # (a lone distance: its run may be a stretch of singles)
+        assert got == next(iter(one)) or (n == 1 and got is None)
+    else:
+        assert got is None
+
+
+@pytest.mark.parametrize(("rows", "start", "n", "want"), [
+    ([2, 2, 2, 1, 0], 2, 3, 2),  # window c = 0 .. 2: one clipped end, row 2
+    ([-1, 2, 2], 0, 3, None),  # c = 0 reads no row: not every pair reads row 2
+    ([2, 2, -1], 0, 3, None),
+    ([2, 2, 1], 0, 3, None),
+    ([0, 1, 2], 0, 2, None),  # distances of their own rows
+])
+def test_a_key_window_reads_one_row_only_where_every_distance_reads_it(rows, start, n, want):
+    assert _one_row(SimpleNamespace(runs=Runs.of(rows)), len(rows), start, n) == want
 
 
 def test_key_coordinates_by_structure():
@@ -332,7 +360,7 @@ def test_swin_reads_its_bias_as_a_window_of_one_2d_table():
     q = torch.randn(2, 12, 4, dtype=torch.float64)
     table = torch.randn(2, 35, dtype=torch.float64)
     form = lower("swin", q, q, q, table, window_height=3, window_width=4)
-    assert [t.kind for t in _torch_form.plan(form).terms] == ["grid_bias"]
+    assert [t.kind for t in _torch_plan.plan(form).terms] == ["grid_bias"]
     (term,) = form.biases
     found, rows = grid_table(torch.cat([table, table[:, :1] * 0], -1), term.index)
     assert found.shape == (2, 5, 7) and rows.shape == (5, 7)

@@ -1,9 +1,10 @@
 r"""A distance form on torch, a block of query rows at a time: the torch kernels' engine.
 
 `form_attention` evaluates a `relpos_ref.lowering.DistanceForm` whose arrays
-are torch tensors one block of ``r`` query rows at a time (`rows_per_block`:
-about `BLOCK_BYTES` of scores), so that no ``(t_q, t_k)`` array of the call
-exists, only a block's ``(r, w)`` against the ``w`` keys it may see:
+are torch tensors one block of ``r`` query rows at a time (its `plan`,
+`relpos_ref.kernels._torch_plan`: about ``BLOCK_BYTES`` of scores a block),
+so that no ``(t_q, t_k)`` array of the call exists, only a block's ``(r, w)``
+against the ``w`` keys it may see:
 
 .. math::
     L_b = (s q'_b) \tilde k^\top + \sum_t \text{terms}, \qquad
@@ -13,19 +14,20 @@ exists, only a block's ``(r, w)`` against the ``w`` keys it may see:
 **Keys reversed.** A block holds key ``w - 1 - j`` in its column ``j~``
 (``k~`` and ``v~`` are flipped once per call), so that a term of the distance
 ``r = j - i - q_offset`` depends on ``u = i' + j~``, the block's window of
-``r + w - 1`` distances, largest first (`window`): a strided view with
+``r + w - 1`` distances, largest first (``window``): a strided view with
 positive strides reads it (`relpos_ref.kernels._torch_blocks.hankel`; torch
 has no negative strides).
 
-- Query-side terms by distance: ``"gather"`` reads rows of ``(s A) a^T``
-  (one product per call, ``(m + 1, t_q)`` with a zero row for "no term",
-  arranged block by block) picked by ``index_select``, which copies whole
-  rows: for a map of few runs (Shaw's, clipped at both ends) a clipped end
-  is a constant per row added over a rectangle and two triangles
-  (`relpos_ref.kernels._torch_blocks.add_constant`), and only the band is
-  picked; ``"dense"`` multiplies ``s a_b`` with the window's table rows,
-  one per distance (general, music, Transformer-XL: tables of about as many
-  rows as keys).
+- Query-side terms by distance: ``"gather"`` reads ``(s A) a_b^T``, the
+  block's product with the table (a zero row for "no term"). Where the
+  block's window crosses few runs of the map (Shaw's, clipped at both
+  ends), a clipped end is a constant per row added over a rectangle and two
+  triangles (`relpos_ref.kernels._torch_blocks.add_constant`) and the
+  band's rows are picked by ``index_select`` (whole rows copied); across
+  more (DeBERTa's c2p, log buckets) the product is made query by query and
+  read pair by pair with one ``torch.gather`` (`add_picked`). ``"dense"``
+  multiplies ``s a_b`` with the window's table rows, one per distance
+  (general, music, Transformer-XL: tables of about as many rows as keys).
 - Key-side terms by distance (DeBERTa's p2c): rows of ``(s B) b^T`` picked
   per tile of keys (`relpos_ref.kernels._torch_key_terms`).
 - Biases by distance: one row of the window, read through a view.
@@ -49,259 +51,23 @@ the rounding of reordered sums (``s (q k)`` is computed as ``(s q) k``).
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from ..lowering import DistanceForm, IndexMap
-from ._torch_blocks import (
-    Arena,
-    Runs,
-    add_by_rows,
-    binned,
-    extended,
-    flat,
-    hankel,
-    times_rows,
-)
-from ._torch_key_terms import add_keys, key_product
-from ._torch_pairs import add_grid, add_pairs, grid_table, structure
+from ..lowering import DistanceForm
+from ._torch_blocks import Arena, add_by_rows, binned, hankel, piece_count, times_rows
+from ._torch_key_terms import add_keys
+from ._torch_pairs import add_grid, add_pairs
+from ._torch_plan import Plan, Term, plan, window
 
 __all__ = [
-    "BLOCK_BYTES", "Plan", "add_terms", "arena_for", "fits", "form_attention", "gather_product",
-    "lead_axes",
-    "plan", "rows_per_block", "weights", "window",
+    "MAX_PIECES", "add_picked", "add_terms", "arena_for", "form_attention", "gather_product",
+    "logits", "weights",
 ]
-
-#: Bytes of a block's scores (all leading axes): a block's work stays in cache.
-BLOCK_BYTES = 2**21
-
-#: Fewest query rows in a block (products of fewer rows are slow).
-MIN_ROWS = 16
-
-#: A by-distance table with at most this share of the keys' count in rows is read from one
-#: product ``(s A) a^T`` per call; a longer one per block from the window's rows ("dense").
-GATHER_SHARE = 0.5
 
 #: A window crossing more runs of a map than this reads it distance by distance.
 MAX_PIECES = 8
-
-def rows_per_block(lead: tuple[int, ...], t_k: int, itemsize: int) -> int:
-    """Query rows per block: about `BLOCK_BYTES` of scores, at least `MIN_ROWS`.
-
-    Examples
-    --------
-    >>> import torch
-    >>> rows_per_block((1, 8), 1024, 4)
-    64
-    """
-    return max(MIN_ROWS, BLOCK_BYTES // max(1, math.prod(lead) * t_k * itemsize))
-
-
-def window(call: Any, a: int, b: int, width: int) -> tuple[int, int]:
-    """``(start, n)``: rows ``a .. b - 1`` against ``width`` keys read the ``n = r + width - 1``
-    distances ``start .. start + n - 1`` of the reversed map (largest distance first).
-
-    Entry ``start + i' + j~`` is the distance of row ``a + i'`` and key
-    ``width - 1 - j~``.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from relpos_ref.calls import Call
-    >>> window(Call(None, (), 4, 4, 1, 1.0, False, 0), 2, 4, 4)  # r = 3 .. -3; 1 .. -3 reached
-    (2, 5)
-    """
-    n = b - a + width - 1
-    return call.t_q + call.t_k - 1 - (call.t_q - b) - n, n
-
-
-class Term(NamedTuple):
-    """A term as the blocks read it (`plan`); see the module docstring for the kinds."""
-
-    kind: str  # "gather", "dense", "keys", "pairs", "pair_bias", "grid_bias"
-    x: Any  # gather, dense: vectors (L, t_q, d); keys: (tiles, L, m + 1, tile), the product;
-    # pairs: (L, t_q, m + 1), the product; pair_bias, grid_bias: (L, m + 1), the table
-    table: Any = None  # gather: (1 or L, m + 1, d) times the scale; dense: the same table's
-    # rows by reversed distance, (n, d) or (L, n, d); grid_bias: its 2-D table (`grid_table`)
-    rows: Any = None  # by distance: reversed rows (-1 as m)
-    runs: Runs | None = None  # gather: the map's runs
-    index: IndexMap | None = None  # pairs
-    keys: tuple[str, int, Any] | None = None  # pairs: the keys' `structure`
-
-
-class Values(NamedTuple):
-    """A relative-value term: ``table`` ``(1 or L, m + 1, d_v)`` (a zero row last), its
-    reversed rows per distance (``-1`` as ``m``) and its map's `Runs`."""
-
-    table: Any
-    rows: Any
-    runs: Runs
-
-
-class Plan(NamedTuple):
-    """What the blocks of a call read, computed once (`plan`)."""
-
-    form: DistanceForm
-    lead: tuple[int, ...]
-    q: Any  # (L, t_q, d) times the scale
-    k: Any  # (L, t_k, d) keys reversed
-    v: Any  # (L, t_k, d_v) keys reversed
-    mask: Any  # (..., t_q or 1, t_k) keys reversed, or None
-    terms: tuple[Term, ...]
-    bias: Any  # the biases by distance, summed, reversed: (L, n), or None
-    values: tuple[Values, ...]
-    blocks: tuple[tuple[int, int, int], ...]  # (a, b, width)
-    dense: Any = None  # s P + B of the form's dense terms, keys reversed: (1 or L, t_q, t_k)
-
-
-def fits(form: DistanceForm) -> bool:
-    """Whether `plan` takes the form: key-side terms and relative values by distance."""
-    return all(t.index.by_distance for t in (*form.key_terms, *form.values))
-
-
-def _reversed_rows(index: IndexMap, m: int) -> Any:
-    return torch.where(index.rows < 0, m, index.rows).flip(0)
-
-
-def lead_axes(form: DistanceForm, dense: Any = None) -> tuple[int, ...]:
-    """The call's batch: every array of the form (and `dense`) broadcast, but their last axes.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from relpos_ref.lowering import lower
-    >>> x = torch.zeros(3, 2)
-    >>> lead_axes(lower("shaw", x, x, x, x, mask=torch.ones(5, 3, 3, dtype=torch.bool)))
-    (5,)
-    """
-    shapes = [form.q.shape[:-2], form.k.shape[:-2], form.v.shape[:-2]]
-    shapes += [t.vectors.shape[:-2] for t in (*form.query_terms, *form.key_terms)]
-    shapes += [t.table.shape[:-2] for t in (*form.query_terms, *form.key_terms, *form.values)]
-    shapes += [t.table.shape[:-1] for t in form.biases]
-    if form.mask is not None:
-        shapes.append(form.mask.shape[:-2])
-    shapes += [x.shape[:-2] for x in (*form.dense, dense) if x is not None]
-    return tuple(torch.broadcast_shapes(*shapes))
-
-
-def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None,
-         dense: Any = None) -> Plan:
-    """What a call's blocks read: the contents with the keys reversed, one product per term.
-
-    `flipped`: ``k'`` and ``v`` with their keys already reversed (a blocked
-    call reverses them once for all its tiles). `dense`: a dense term
-    ``(..., t_q, t_k)`` with its keys already reversed, added to the scores
-    as the form's own dense terms are (a kernel that makes its bias in that
-    order: no copy to reverse it); a causal call reads only the keys each
-    block of rows may see.
-    """
-    call, s = form.call, form.call.scale
-    lead = lead_axes(form, dense)
-    q = flat(form.q * s, lead).contiguous()
-    flipped = (form.k.flip(-2), form.v.flip(-2)) if flipped is None else flipped
-    k, v = (flat(x, lead).contiguous() for x in flipped)
-    rows = max(1, rows_per_block(lead, call.t_k, q.element_size()))
-    blocks = _blocks(call, rows)
-    terms, bias = [], None
-    for term in form.query_terms:
-        m = term.table.shape[-2]
-        table = extended(term.table * s, -2)
-        if not term.index.by_distance:
-            x = flat(torch.matmul(term.vectors, table.mT), lead).contiguous()
-            terms.append(Term("pairs", x, index=term.index, keys=structure(term.index.key)))
-        elif m <= GATHER_SHARE * call.t_k:  # its product with a block's vectors, per block
-            table = table[None] if table.dim() == 2 else flat(table, lead).contiguous()
-            terms.append(Term("gather", flat(term.vectors, lead), table=table,
-                              rows=_reversed_rows(term.index, m),
-                              runs=Runs.of(term.index.rows.tolist())))
-        else:
-            by_distance = table[..., torch.where(term.index.rows < 0, m, term.index.rows), :]
-            by_distance = by_distance.flip(-2)
-            if by_distance.dim() > 2:
-                by_distance = flat(by_distance, lead).contiguous()
-            terms.append(Term("dense", flat(term.vectors, lead), table=by_distance))
-    for term in form.key_terms:
-        terms.append(Term("keys", key_product(term, lead, s),
-                          rows=_reversed_rows(term.index, term.table.shape[-2])))
-    for term in form.biases:
-        table = extended(term.table, -1)
-        if term.index.by_distance:
-            row = table[..., torch.where(term.index.rows < 0, term.table.shape[-1],
-                                         term.index.rows)]
-            bias = row if bias is None else bias + row
-        else:
-            table = flat(table, lead, 1)
-            grid = None if call.causal else grid_table(table, term.index)
-            if grid is None:
-                terms.append(Term("pair_bias", table, index=term.index,
-                                  keys=structure(term.index.key)))
-            else:  # Swin's: a window of one 2-D table per query
-                width = call.t_k // (grid[0].shape[-2] // 2 + 1)
-                terms.append(Term("grid_bias", table, table=grid[0], rows=grid[1],
-                                  index=term.index, keys=("grid", width, None)))
-    values = []
-    for term in form.values:
-        table = extended(term.table, -2)
-        table = table[None] if table.dim() == 2 else flat(table, lead)
-        values.append(Values(table, _reversed_rows(term.index, term.table.shape[-2]),
-                             Runs.of(term.index.rows.tolist())))
-    mask = form.mask
-    if mask is not None:  # (..., t_q or 1, t_k), keys reversed
-        mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))
-        mask = mask.expand(*mask.shape[:-1], call.t_k).flip(-1)
-    if bias is not None:
-        bias = flat(bias.flip(-1), lead, 1).contiguous()
-    if dense is None:
-        dense = dense_term(form, lead)
-    elif any(x is not None for x in form.dense):
-        raise ValueError("`dense` is for a form without dense terms of its own")
-    else:
-        dense = _lanes(dense, lead)
-    return Plan(form, lead, q, k, v, mask, tuple(terms), bias, tuple(values), blocks, dense)
-
-
-def _lanes(term: Any, lead: tuple[int, ...]) -> Any:
-    # (..., t_q, t_k) as (1, t_q, t_k) where it has no batch, else (L, t_q, t_k)
-    if math.prod(term.shape[:-2]) == 1:
-        return term.reshape(1, *term.shape[-2:])
-    return flat(term, lead).contiguous()
-
-
-def dense_term(form: DistanceForm, lead: tuple[int, ...]) -> Any:
-    """``s P + B`` of the form's dense ``position`` ``P`` and ``bias`` ``B``, keys reversed:
-    ``(1, t_q, t_k)`` where it has no batch, else ``(L, t_q, t_k)`` (one copy); or ``None``.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from relpos_ref.lowering import lower
-    >>> q, k = torch.zeros(2, 4), torch.zeros(3, 4)  # two queries, three keys
-    >>> form = lower("plain", q, k, k, bias=torch.arange(6.0).reshape(2, 3))
-    >>> dense_term(form, ())
-    tensor([[[2., 1., 0.],
-             [5., 4., 3.]]])
-    """
-    position, bias = form.dense
-    if position is None and bias is None:
-        return None
-    term = None if position is None else position * form.call.scale
-    if bias is not None:
-        term = bias if term is None else term + bias
-    call = form.call
-    term = term.reshape((1,) * (2 - term.dim()) + tuple(term.shape))
-    return _lanes(term.expand(*term.shape[:-2], call.t_q, call.t_k).flip(-1), lead)
-
-
-def _blocks(call: Any, rows: int) -> tuple[tuple[int, int, int], ...]:
-    # (a, b, width): rows a .. b - 1 against keys 0 .. width - 1; under causal, rows that
-    # see no key are left out, and a block reads only the keys some of its rows may see
-    first = min(max(-call.q_offset, 0), call.t_q) if call.causal else 0
-    out = []
-    for a in range(first, call.t_q, rows):
-        b = min(a + rows, call.t_q)
-        out.append((a, b, min(call.t_k, b + call.q_offset) if call.causal else call.t_k))
-    return tuple(out)
 
 
 def logits(p: Plan, block: int, arena: Arena) -> Any:
@@ -316,16 +82,27 @@ def logits(p: Plan, block: int, arena: Arena) -> Any:
     return scores
 
 
-def add_terms(scores: Any, p: Plan, a: int, b: int, width: int, arena: Arena) -> None:
+def add_terms(scores: Any, p: Plan, a: int, b: int, width: int, arena: Arena, *,
+              fresh: bool = False) -> None:
     """Every term of the plan added to the ``(L, r, width)`` `scores` of rows ``a .. b - 1``
-    (keys reversed), before the mask; `arena` for the temporaries."""
+    (keys reversed), before the mask; `arena` for the temporaries. `fresh`: `scores` holds
+    nothing yet (the sum of the terms is written: by the first term where it can, else on
+    zeros)."""
     call, r = p.form.call, b - a
     t_k, n_all = call.t_k, call.t_q + call.t_k - 1
     start, n = window(call, a, b, width)
-    for term in p.terms:
+    picked = [t.kind == "gather" and piece_count(t.runs, n_all, start, n) > MAX_PIECES
+              for t in p.terms]
+    if fresh and picked[:1] != [True]:
+        scores.zero_()
+    for term, pick in zip(p.terms, picked, strict=True):
         if term.kind == "gather":
-            add_by_rows(scores, gather_product(term, a, b, arena), term.rows, term.runs,
-                        start, n_all, arena, max_pieces=MAX_PIECES)
+            if pick:
+                add_picked(scores, term, a, b, start, arena, write=fresh)
+                fresh = False
+            else:
+                add_by_rows(scores, gather_product(term, a, b, arena), term.rows, term.runs,
+                            start, n_all, arena, max_pieces=MAX_PIECES)
         elif term.kind == "dense":
             scores += hankel(_dense(term, a, b, start, n, arena), r, width, row=n + 1, col=1)
         elif term.kind == "keys":
@@ -346,6 +123,31 @@ def gather_product(term: Term, a: int, b: int, arena: Arena) -> Any:
     out = arena.take(vectors.shape[0], term.table.shape[-2], b - a)
     return torch.bmm(term.table.expand(vectors.shape[0], *term.table.shape[-2:]), vectors.mT,
                      out=out)
+
+
+def add_picked(scores: Any, term: Term, a: int, b: int, start: int, arena: Arena, *,
+               write: bool = False) -> None:
+    """``scores[:, i', j~] += (s a_i) . A[row(start + i' + j~)]`` of a "gather" term, pair by pair
+    (`write`: ``=``, not ``+=``).
+
+    The product ``(s a_b) A^T`` is made query by query, ``(L, r, m + 1)``, and
+    each row reads its window of distances with one ``torch.gather``: a row's
+    entries are in order along the keys. Picking whole rows of the product by
+    distance (`relpos_ref.kernels._torch_blocks.add_by_rows`) leaves the band
+    along a diagonal, a strided read: DeBERTa's c2p, t = 1024, 8 heads, one
+    thread, 12.5 -> 9.0 ms over a call's blocks.
+    """
+    vectors, table = term.x[:, a:b], term.table
+    lanes, r, width = scores.shape
+    x = arena.take(lanes, r, table.shape[-2])
+    torch.bmm(vectors, table.expand(lanes, *table.shape[-2:]).mT, out=x)
+    index = hankel(term.rows[start:start + r + width - 1], r, width, row=1, col=1, axes=1)
+    if write:
+        torch.gather(x, 2, index.expand(lanes, r, width), out=scores)
+        return
+    found = arena.take(lanes, r, width)
+    torch.gather(x, 2, index.expand(lanes, r, width), out=found)
+    scores += found
 
 
 def _dense(term: Term, a: int, b: int, start: int, n: int, arena: Arena) -> Any:

@@ -31,20 +31,21 @@ import torch
 
 from ..lowering import DistanceForm
 from . import _torch_form
-from ._torch_blocks import Arena, kept_array, laid_rows, pieces, region_sums
-from ._torch_form import (
-    Plan,
-    Term,
+from ._torch_blocks import (
+    Arena,
     add_by_rows,
-    arena_for,
     binned,
     hankel,
-    plan,
-    weights,
-    window,
+    kept_array,
+    laid_rows,
+    piece_count,
+    pieces,
+    region_sums,
 )
-from ._torch_key_terms import keys_backward
+from ._torch_form import arena_for, weights
+from ._torch_key_terms import key_gradients, keys_backward
 from ._torch_pairs import grid_backward, pairs_backward
+from ._torch_plan import Plan, Term, plan, window
 
 __all__ = ["form_vjp"]
 
@@ -84,12 +85,9 @@ class _Grads:
 
 def _gather_backward(acc: Any, grad: Any, term: Term, start: int, n: int, n_all: int,
                      arena: Arena) -> None:
-    # acc (L, m + 1, r) += the block's G summed by the row each pair read
-    found = pieces(term.runs, n_all, start, n)
-    if len(found) > _torch_form.MAX_PIECES:
-        acc.index_add_(1, term.rows[start:start + n], laid_rows(grad, 0, n, arena))
-        return
-    for u_lo, u_hi, summed, row in found:
+    # acc (L, m + 1, r) += the block's G summed by the row each pair read, run by run (few
+    # runs in the window: `_picked_backward` takes the others)
+    for u_lo, u_hi, summed, row in pieces(term.runs, n_all, start, n):
         if summed:
             acc[:, row] += region_sums(grad, u_lo, u_hi)
         else:
@@ -130,8 +128,11 @@ def _block(p: Plan, g: _Grads, d_out: Any, block: int, arena: Arena) -> None:
     for t, term in enumerate(p.terms):
         acc = g.terms[t]
         if term.kind == "gather":
-            by_row = arena.zeros(grad.shape[0], term.table.shape[-2], r)
-            _gather_backward(by_row, grad, term, start, n, n_all, arena)
+            if piece_count(term.runs, n_all, start, n) > _torch_form.MAX_PIECES:
+                by_row = _picked_backward(grad, term, start, arena)
+            else:
+                by_row = arena.zeros(grad.shape[0], term.table.shape[-2], r)
+                _gather_backward(by_row, grad, term, start, n, n_all, arena)
             _product_backward(term, acc, g.vectors[t], by_row, a, b)
         elif term.kind == "dense":
             _dense_backward(term, acc, g.vectors[t], laid, a, b, start, n)
@@ -144,6 +145,16 @@ def _block(p: Plan, g: _Grads, d_out: Any, block: int, arena: Arena) -> None:
                            bias=term.kind == "pair_bias")
     if g.bias is not None:
         g.bias[:, start:start + n] += laid.sum(-2)
+
+
+def _picked_backward(grad: Any, term: Term, start: int, arena: Arena) -> Any:
+    # the gradient of the product `add_picked` read pair by pair: G scattered into each query's
+    # row of the product, (L, r, m + 1), returned as (L, m + 1, r) (a transposed view)
+    lanes, r, width = grad.shape
+    by_query = arena.zeros(lanes, r, term.table.shape[-2])
+    index = hankel(term.rows[start:start + r + width - 1], r, width, row=1, col=1, axes=1)
+    by_query.scatter_add_(2, index.expand(lanes, r, width), grad)
+    return by_query.mT
 
 
 def _product_backward(term: Term, acc: Any, d_vectors: Any, by_row: Any, a: int,
@@ -213,15 +224,9 @@ def form_vjp(form: DistanceForm, d_output: Any, dense: Any = None) -> dict[Any, 
     return out
 
 
-def _unblocked(acc: Any, size: int, total: int) -> Any:
-    # (tiles, L, m, size) -> (L, m, total): the columns of each tile back in place
-    count, lanes, m = acc.shape[:3]
-    return acc.permute(1, 2, 0, 3).reshape(lanes, m, count * size)[..., :total]
-
-
 def _collect(p: Plan, g: _Grads) -> dict[Any, Any]:
     form, lead = p.form, p.lead
-    call, s = form.call, form.call.scale
+    s = form.call.scale
 
     def shaped(x: Any) -> Any:
         return x.reshape(*lead, *x.shape[1:])
@@ -249,10 +254,7 @@ def _collect(p: Plan, g: _Grads) -> dict[Any, Any]:
         out["query", t] = (_sum_to(d_vec, term.vectors.shape), _sum_to(d_table, term.table.shape))
     for t, term in enumerate(form.key_terms):
         _, acc, _ = next(terms)
-        m = term.table.shape[-2]
-        acc = shaped(_unblocked(acc, acc.shape[-1], call.t_k))[..., :m, :]  # keys reversed
-        d_vec = (acc.mT @ (term.table * s)).flip(-2)
-        d_table = (acc @ term.vectors.flip(-2)) * s
+        d_vec, d_table = key_gradients(acc, term, lead, s)
         out["key", t] = (_sum_to(d_vec, term.vectors.shape), _sum_to(d_table, term.table.shape))
     by_distance = None if g.bias is None else shaped(g.bias.flip(-1))
     for t, term in enumerate(form.biases):

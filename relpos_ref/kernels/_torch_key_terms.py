@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
-from ._torch_blocks import Arena, extended, flat, hankel, select
+from ._torch_blocks import Arena, extended, flat, hankel, piece_count, pieces, select
 
-__all__ = ["KEY_TILE", "add_keys", "key_product", "key_tiles", "keys_backward"]
+__all__ = ["KEY_TILE", "add_keys", "key_gradients", "key_product", "key_tiles",
+           "keys_backward"]
 
 #: Keys per tile of a key-side term.
 KEY_TILE = 128
@@ -62,16 +63,29 @@ def key_tiles(width: int, t_k: int) -> list[tuple[int, int, int]]:
     return out
 
 
+def _one_row(term: Any, n_all: int, start: int, n: int) -> int | None:
+    # the table row every distance of the window start .. start + n - 1 reads, if one does
+    if piece_count(term.runs, n_all, start, n) != 1:
+        return None
+    (u_lo, u_hi, summed, row), = pieces(term.runs, n_all, start, n)
+    return row if summed and u_lo == 0 and u_hi == n else None
+
+
 def add_keys(scores: Any, term: Any, start: int, width: int, t_k: int, arena: Arena) -> None:
     """``scores[..., i', jj] +=`` the term, per tile of keys: ``(L, r + tile - 1, tile)`` rows
     of the key product picked by the block's window (from `start`), entry ``(i' + jj, jj)``."""
     r = scores.shape[-2]
+    n_all = term.rows.shape[0]
     for tile, t0, t1 in key_tiles(width, t_k):
         size = t1 - t0
         x = term.x[tile]
         offset = t0 + t_k - width - tile * KEY_TILE
         if size < KEY_TILE:
             x = x[..., offset:offset + size]
+        row = _one_row(term, n_all, start + t0, size + r - 1)
+        if row is not None:  # one table row for every pair (a clipped end): a row of the
+            scores[..., t0:t1] += x[:, row, None]  # product, added to every row of the block
+            continue
         mark = arena.used
         found = select(x, term.rows[start + t0:start + t1 + r - 1], arena)
         scores[..., t0:t1] += hankel(found, r, size, row=size, col=size + 1)
@@ -82,11 +96,17 @@ def keys_backward(acc: Any, grad: Any, term: Any, start: int, width: int, t_k: i
                   arena: Arena) -> None:
     """The block's logit gradient `grad` added into the key product's gradient `acc` where
     `add_keys` read the term: pair ``(i', jj)`` of a tile at its row of the window
-    (``i' + jj``) and its key's column, one scatter-add per tile."""
+    (``i' + jj``) and its key's column, one scatter-add per tile (a sum over the rows where
+    every pair of the tile read one row)."""
     r, lanes, tile_width = grad.shape[-2], grad.shape[0], acc.shape[-1]
+    n_all = term.rows.shape[0]
     for tile, t0, t1 in key_tiles(width, t_k):
         size = t1 - t0
         offset = t0 + t_k - width - tile * tile_width
+        row = _one_row(term, n_all, start + t0, size + r - 1)
+        if row is not None:  # every pair read one row (a clipped end): the rows' sums go there
+            acc[tile, :, row, offset:offset + size] += grad[..., t0:t1].sum(-2)
+            continue
         rows = hankel(term.rows[start + t0:start + t1 + r - 1], r, size, row=1, col=1, axes=1)
         index = rows * tile_width + torch.arange(offset, offset + size, device=rows.device)
         mark = arena.used
@@ -94,3 +114,35 @@ def keys_backward(acc: Any, grad: Any, term: Any, start: int, width: int, t_k: i
         acc[tile].view(acc.shape[1], -1).scatter_add_(
             1, index.reshape(1, -1).expand(lanes, -1), part.view(lanes, -1))
         arena.reset(mark)
+
+
+def key_gradients(acc: Any, term: Any, lead: tuple[int, ...], s: float) -> tuple[Any, Any]:
+    """The gradients of a key-side term's keys and table from its product's, `acc`
+    ``(tiles, L, m + 1, KEY_TILE)`` (`keys_backward`), a tile at a time: ``(*lead, t_k, d)``
+    (keys in order) and ``(*lead, m, d)``, before summing to their arrays' shapes.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from types import SimpleNamespace
+    >>> term = SimpleNamespace(vectors=torch.ones(3, 2), table=torch.ones(1, 2))  # 3 keys
+    >>> acc = torch.zeros(1, 1, 2, KEY_TILE)
+    >>> acc[0, 0, 0, :3] = torch.tensor([1.0, 2.0, 3.0])  # row 0 of keys 2, 1, 0
+    >>> d_keys, d_table = key_gradients(acc, term, (), 0.5)
+    >>> d_keys[:, 0].tolist(), d_table.tolist()
+    ([1.5, 1.0, 0.5], [[3.0, 3.0]])
+    """
+    m = term.table.shape[-2]
+    keys = flat(term.vectors.flip(-2), lead)
+    table = flat(term.table * s, lead)
+    lanes, t_k = keys.shape[0], keys.shape[-2]
+    table = table.expand(lanes, *table.shape[-2:])
+    d_keys = keys.new_empty(keys.shape)
+    d_table = table.new_zeros(lanes, m, keys.shape[-1])
+    for tile in range(acc.shape[0]):
+        g0, g1 = tile * KEY_TILE, min((tile + 1) * KEY_TILE, t_k)
+        part = acc[tile, :, :m, :g1 - g0]
+        torch.bmm(part.mT, table, out=d_keys[:, g0:g1])
+        d_table.baddbmm_(part, keys[:, g0:g1])
+    return (d_keys.reshape(*lead, t_k, -1).flip(-2),
+            (d_table * s).reshape(*lead, m, -1))

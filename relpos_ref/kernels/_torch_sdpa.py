@@ -34,7 +34,8 @@ from ..attention import allowed_keys
 from ..calls import Call
 from ..lowering import DistanceForm
 from ._torch_blocks import kept_array
-from ._torch_form import add_terms, arena_for, lead_axes, plan
+from ._torch_form import add_terms, arena_for
+from ._torch_plan import lead_axes, plan
 
 __all__ = ["TERMS_BYTES", "by_sdpa", "distance_bias", "sdpa_form", "sdpa_terms", "terms_attention",
            "toeplitz", "with_terms_made"]
@@ -271,7 +272,7 @@ def terms_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None) 
     thread's next call (`relpos_ref.kernels._torch_blocks.kept_array`).
     t = 1024, 8 heads, one thread, glibc's default allocator: general 61 ->
     50 ms, grid2d 48 -> 46, Swin 39 -> 38, DeBERTa 90 -> 75 (plain attention
-    27). `flipped` as `relpos_ref.kernels._torch_form.plan` takes it.
+    27). `flipped` as `relpos_ref.kernels._torch_plan.plan` takes it.
 
     Examples
     --------
@@ -286,14 +287,16 @@ def terms_attention(form: DistanceForm, flipped: tuple[Any, Any] | None = None) 
     ...     bool(torch.allclose(out, rp.general_attention(q, k, v, table, mask=keep)))
     True
     """
+    if flipped is None:  # reversed once, for the plan and for SDPA
+        flipped = (form.k.flip(-2), form.v.flip(-2))
     p = plan(form, flipped)
     call = form.call
     terms = kept_array(p.q, (p.q.shape[0], call.t_q, call.t_k))
     arena = arena_for(p)
     for a, b, width in p.blocks:  # not causal: every row, every key
         arena.reset()
-        block = terms[:, a:b].zero_()  # (block by block: in cache when the terms come)
-        add_terms(block, p, a, b, width, arena)
+        # written block by block: in cache when the terms come
+        add_terms(terms[:, a:b], p, a, b, width, arena, fresh=True)
     terms = terms.reshape(*p.lead, call.t_q, call.t_k)
     return sdpa_terms(form.q, form.k, form.v, call, terms=Terms(bias=terms), mask=form.mask,
                       keys_reversed=True, flipped=flipped)

@@ -100,8 +100,9 @@ from ._torch_cover import (
 )
 from ._torch_fire import fire_fused, fire_vjp_fused
 from ._torch_forgetting import forgetting_fused, forgetting_vjp_fused
-from ._torch_form import fits, form_attention
+from ._torch_form import form_attention
 from ._torch_form_vjp import form_vjp
+from ._torch_plan import fits
 from ._torch_sdpa import by_sdpa, sdpa_form, sdpa_terms, terms_attention, with_terms_made
 from ._torch_swinv2 import without_penalty
 
