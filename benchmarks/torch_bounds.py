@@ -12,8 +12,13 @@
   backward.
 
 And, for reference, torch's own ratio of VJP to forward for SDPA, plain
-and with the bias: the issue's other bound (every VJP within 2.5x its own
-forward) is below it. A VJP computes the forward's ``q k^T`` again and four
+and with the bias, and the time of a VJP's five products of the grid's
+size alone against SDPA's plain forward: the issue's other bound (every VJP
+within 2.5x its own forward) is below both. SDPA's forward on the CPU runs
+at the speed of its two products (t = 1024, 8 heads, one thread: 23.3 ms
+against 11.8 + 12.3 ms for ``q k^T`` and ``w v`` alone), so a VJP that
+computes the weights again and does its four products takes at least
+about 2.6x it before any softmax gradient. A VJP computes the forward's ``q k^T`` again and four
 more products of the same size (``dO v^T``, ``G k``, ``G^T q``, ``w^T dO``)
 against the forward's two, so 2.5x is the ratio of their matrix products
 alone, and the softmax's gradient comes on top wherever the forward runs at
@@ -77,7 +82,19 @@ def _sdpa_calls(q: Any, k: Any, v: Any, d_output: Any, bias: Any
             return torch.autograd.grad(out, leaves, d_output)[0]
         return run
 
+    lanes = q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:])
+    weights = torch.randn(lanes[0].shape[0], q.shape[-2], k.shape[-2], dtype=q.dtype)
+    values = v.reshape(-1, *v.shape[-2:])
+
+    def products() -> Any:  # a VJP's five products of the grid's size, each once
+        torch.bmm(lanes[0], lanes[1].mT)  # q k^T (the weights again)
+        torch.bmm(lanes[0], values.mT)  # dO v^T
+        torch.bmm(weights, lanes[1])  # G k
+        torch.bmm(weights.mT, lanes[0])  # G^T q
+        return torch.bmm(weights.mT, values)  # w^T dO
+
     return {"plain": lambda: sdpa(q, k, v), "plain autograd": autograd(None),
+            "vjp products": products,
             "bias": lambda: sdpa(q, k, v, attn_mask=bias), "bias autograd": autograd(bias)}
 
 
@@ -88,7 +105,8 @@ def torch_bounds(timed_against: Callable[..., tuple[float, float, float]], backe
 
     `timed_against` is the suite's ``_timed_against`` (interleaved pairs, the
     median of their ratios); `cases` its ``scheme_cases``; `bias` the
-    ``(1, h, t, t)`` mask. Returns ``{"reference": {...}, "schemes": [...]}``.
+    ``(1, h, t, t)`` mask. Returns ``{"reference": {...}, "products": {...}, "schemes":
+    [...], "allocator": ...}``.
     """
     allocator = steady_allocator()
     sdpa = _sdpa_calls(q, k, v, d_output, bias)
@@ -98,6 +116,8 @@ def torch_bounds(timed_against: Callable[..., tuple[float, float, float]], backe
                                                 repeat)
         reference[name] = {"vjp_seconds": seconds, "forward_seconds": forward,
                            "vjp_to_forward": ratio}
+    seconds, forward, ratio = timed_against(backend, sdpa["vjp products"], sdpa["plain"], repeat)
+    products = {"seconds": seconds, "forward_seconds": forward, "to_forward": ratio}
     rows = []
     for label, call in cases.items():
         seconds, base, ratio = timed_against(
@@ -111,7 +131,8 @@ def torch_bounds(timed_against: Callable[..., tuple[float, float, float]], backe
             row.update(vjp_seconds=vjp, sdpa_autograd_seconds=auto,
                        vjp_to_sdpa_autograd=vjp_ratio)
         rows.append(row)
-    return {"reference": reference, "schemes": rows, "allocator": allocator}
+    return {"reference": reference, "products": products, "schemes": rows,
+            "allocator": allocator}
 
 
 def print_bounds(result: dict[str, Any]) -> None:
@@ -126,6 +147,10 @@ def print_bounds(result: dict[str, Any]) -> None:
           f"{ref['bias']['vjp_to_forward']:.2f}x ({ref['bias']['vjp_seconds'] * 1e3:.1f} "
           f"against {ref['bias']['forward_seconds'] * 1e3:.1f} ms); allocator: "
           f"{result['allocator']}")
+    products = result["products"]
+    print("a VJP's five products of the grid's size alone (q k^T, dO v^T, G k, G^T q, w^T dO): "
+          f"{products['seconds'] * 1e3:.1f} ms, {products['to_forward']:.2f}x SDPA's plain "
+          "forward, the floor of a VJP / forward on torch")
     print(f"{'scheme':<28} {'fwd ms':>8} {'SDPA+b ms':>9} {'ratio':>7} {'VJP ms':>8} "
           f"{'autograd ms':>11} {'ratio':>7}")
     for row in result["schemes"]:

@@ -109,10 +109,12 @@ def test_benchmark_suite_on_torch_compares_with_sdpa(bench, tmp_path, capsys, mo
         assert row["sdpa_autograd_seconds"] > 0 and row["vjp_to_sdpa_autograd"] > 0
     assert set(bounds["reference"]) == {"plain", "bias"} and bounds["allocator"] == "as is"
     assert all(r["vjp_to_forward"] > 0 for r in bounds["reference"].values())
+    assert bounds["products"]["seconds"] > 0 and bounds["products"]["to_forward"] > 0
     names = {t["target"] for t in report["targets"]}
     assert {f"{row['scheme'].split()[0]} forward <= 2x SDPA with a (1, h, t, t) bias"
             for row in bounds["schemes"]} <= names
     assert "issue 30's bounds on torch" in printed and "torch's own VJP / forward" in printed
+    assert "a VJP's five products of the grid's size alone" in printed
     flex = report["flex"]
     assert "error" not in flex, flex
     assert flex["case"] == "bias (FlexAttention score_mod, eager)" and "ours/Flex" in printed

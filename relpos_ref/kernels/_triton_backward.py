@@ -126,23 +126,29 @@ def attention_dq(
     e1 = DG1 + a * e1a + b * e1b + h * e1h
     e2 = DG2 + a * e2a + b * e2b + h * e2h
     mask_rows = Mask + a * sma + b * smb + h * smh + offs_m[:, None] * smm
-    spread = w[None, :] + ii[:, None] - (BM - 1)  # the key column of each window column
-    spread_ok = (spread >= 0) & (spread < BN)
     dq = tl.zeros([BM, BD], ACC)
 
     hi = t_k
     if CAUSAL:
         hi = tl.minimum(t_k, i0 + BM + q_offset)
     for j0 in range(0, hi, BN):
+        # the tile's queries through an opaque zero (j0 >= 0), as in the forward kernel: the
+        # indices made from them are made in each step, not held in registers across the loop
+        # (built for sm_90 by triton 3.6: bias float16 spilled 484 bytes so, 92 without; ALiBi
+        # 364, 0; float32 640, 80)
+        here = ii + tl.minimum(j0, 0)
+        rows = i0 + here
+        spread = w[None, :] + here[:, None] - (BM - 1)  # the key column of each window column
+        spread_ok = (spread >= 0) & (spread < BN)
         offs_n = j0 + jj
         n_ok = offs_n < t_k
         inside = m_ok[:, None] & n_ok[None, :]
         k = load_rows(K, a, b, h, ska, skb, skh, skn, offs_n, offs_d, n_ok, d_ok)
         vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv, n_ok, dv_ok)
         s = _logits(q, k, scale, g1, g2, qc1, qc2, KC1, KC2, low1, low2, s1c, s2c, glo, ghi,
-                    offs_m, offs_n, m_ok, n_ok, inside, j0 - i0 + t_q - BM, t_q, BM + BN - 2,
+                    rows, offs_n, m_ok, n_ok, inside, j0 - i0 + t_q - BM, t_q, BM + BN - 2,
                     NG, G1_COORDS, G2_COORDS, G_ENDS, Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
-        allowed = allowed_pairs(inside, offs_m, offs_n, q_offset, mask_rows, smn, CAUSAL,
+        allowed = allowed_pairs(inside, rows, offs_n, q_offset, mask_rows, smn, CAUSAL,
                                 HAS_MASK)
         p = _weights(s, allowed, lse)
         dp = product(do, tl.trans(vals), False, False, DOT, OPERAND, PRECISION)
@@ -153,15 +159,15 @@ def attention_dq(
                 _row_gradient(e1, e1c, dl, j0 - i0 + t_q - BM, glo, ghi, n_diff, w, spread,
                               spread_ok, BM + BN - 2, G_ENDS)
             else:
-                diff1 = difference(offs_m, offs_n, n_ok, t_q, qc1, KC1, low1, G1_COORDS)
-                tl.atomic_add(e1 + offs_m[:, None] * e1m + diff1 * e1c, dl, mask=inside)
+                diff1 = difference(rows, offs_n, n_ok, t_q, qc1, KC1, low1, G1_COORDS)
+                tl.atomic_add(e1 + rows[:, None] * e1m + diff1 * e1c, dl, mask=inside)
         if NG >= 2:
             if G2_ROW:
                 _row_gradient(e2, e2c, dl, j0 - i0 + t_q - BM, glo, ghi, n_diff, w, spread,
                               spread_ok, BM + BN - 2, G_ENDS)
             else:
-                diff2 = difference(offs_m, offs_n, n_ok, t_q, qc2, KC2, low2, G2_COORDS)
-                tl.atomic_add(e2 + offs_m[:, None] * e2m + diff2 * e2c, dl, mask=inside)
+                diff2 = difference(rows, offs_n, n_ok, t_q, qc2, KC2, low2, G2_COORDS)
+                tl.atomic_add(e2 + rows[:, None] * e2m + diff2 * e2c, dl, mask=inside)
     tl.store(DQ + pid_z * t_q * D + offs_m[:, None] * D + offs_d[None, :], dq,
              mask=m_ok[:, None] & d_ok[None, :])
 
@@ -208,6 +214,16 @@ def attention_dkdv(
         offs_m = i0 + ii
         m_ok = offs_m < t_q
         inside = m_ok[:, None] & n_ok[None, :]
+        if DOT == tl.float32:  # noqa: SIM300
+            # the keys and values times an opaque one (i0 >= 0): their float32 products'
+            # splits into tf32 parts are made in each step, not held in registers across the loop
+            # (triton 3.6, sm_90: bias float32 spilled 2372 bytes so, 1804 without)
+            one = (1 + tl.minimum(i0, 0)).to(tl.float32)
+            k_step = k * one
+            vals_step = vals * one
+        else:
+            k_step = k
+            vals_step = vals
         q = load_rows(Q, a, b, h, sqa, sqb, sqh, sqm, offs_m, offs_d, m_ok, d_ok)
         do = load_rows(DO, a, b, h, sda, sdb, sdh, sdm, offs_m, offs_dv, m_ok, dv_ok)
         lse = tl.load(LSE + pid_z * t_q + offs_m, mask=m_ok, other=float("-inf")).to(ACC)
@@ -217,14 +233,14 @@ def attention_dkdv(
         g2 = G2 + a * s2a + b * s2b + h * s2h + offs_m[:, None] * s2m
         qc2 = tl.load(QC2 + offs_m, mask=m_ok, other=0) if G2_COORDS else offs_m
         mask_rows = Mask + a * sma + b * smb + h * smh + offs_m[:, None] * smm
-        s = _logits(q, k, scale, g1, g2, qc1, qc2, KC1, KC2, low1, low2, s1c, s2c, glo, ghi,
+        s = _logits(q, k_step, scale, g1, g2, qc1, qc2, KC1, KC2, low1, low2, s1c, s2c, glo, ghi,
                     offs_m, offs_n, m_ok, n_ok, inside, j0 - i0 + t_q - BM, t_q, BM + BN - 2,
                     NG, G1_COORDS, G2_COORDS, G_ENDS, Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
         allowed = allowed_pairs(inside, offs_m, offs_n, q_offset, mask_rows, smn, CAUSAL,
                                 HAS_MASK)
         p = _weights(s, allowed, lse)
         dv += product(tl.trans(p), do, SPLIT, False, DOT, OPERAND, PRECISION)
-        dp = product(do, tl.trans(vals), False, False, DOT, OPERAND, PRECISION)
+        dp = product(do, tl.trans(vals_step), False, False, DOT, OPERAND, PRECISION)
         dl = p * (dp - delta[:, None])
         dk += product(tl.trans(dl), q, SPLIT, Q_WIDE, DOT, OPERAND, PRECISION) * scale
     tl.store(DK + pid_z * t_k * D + offs_n[:, None] * D + offs_d[None, :], dk,

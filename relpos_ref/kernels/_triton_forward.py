@@ -202,13 +202,21 @@ def attention_forward(
                 v_end = tv0 if PART == 0 else tv1
         if WINDOWED or PART == 1:
             for j0 in range(j_start, j_end, BN):
+                # with window terms, the tile's queries through an opaque zero (j0 >= 0): each
+                # (BM, BN) or (BM, BW) index made from them depends on the loop, so it is made
+                # again in every step, not hoisted out of the loop and held in registers
+                # across it (built for sm_90 by triton 3.6, 16-bit: Shaw's window variant
+                # spilled 1052 bytes so, 48 without; Transformer-XL's 308, 0; DeBERTa's 504,
+                # 140); the others' builds are as they were (bias float32: 0 bytes, 8 with it)
+                here = ii + tl.minimum(j0, 0) if WINDOWED else ii
+                rows = i0 + here
                 offs_n = j0 + jj
                 n_ok = offs_n < t_k
                 k = load_rows(K, a, b, h, ska, skb, skh, skn, offs_n, offs_d, n_ok, d_ok)
                 s = product(q, tl.trans(k), Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
                 if PART == 1:
                     c = j0 - i0 + t_q - BM + w  # the window's differences
-                    diagonal = jj[None, :] - ii[:, None] + (BM - 1)  # the window column of a pair
+                    diagonal = jj[None, :] - here[:, None] + (BM - 1)  # window column of a pair
                 if HAS_QW:
                     if PART != 1:
                         s += q_end[:, None]
@@ -231,14 +239,14 @@ def attention_forward(
                 s = s * scale
                 inside = m_ok[:, None] & n_ok[None, :]
                 if NG >= 1:
-                    s = add_gathered(s, g1, s1c, offs_m, offs_n, m_ok, n_ok, inside, t_q, qc1, KC1,
+                    s = add_gathered(s, g1, s1c, rows, offs_n, m_ok, n_ok, inside, t_q, qc1, KC1,
                                      low1, j0 - i0 + t_q - BM, glo, ghi, BM + BN - 2, G_ENDS,
                                      G1_COORDS)
                 if NG >= 2:
-                    s = add_gathered(s, g2, s2c, offs_m, offs_n, m_ok, n_ok, inside, t_q, qc2, KC2,
+                    s = add_gathered(s, g2, s2c, rows, offs_n, m_ok, n_ok, inside, t_q, qc2, KC2,
                                      low2, j0 - i0 + t_q - BM, glo, ghi, BM + BN - 2, G_ENDS,
                                      G2_COORDS)
-                allowed = allowed_pairs(inside, offs_m, offs_n, q_offset, mask_rows, smn, CAUSAL,
+                allowed = allowed_pairs(inside, rows, offs_n, q_offset, mask_rows, smn, CAUSAL,
                                         HAS_MASK)
                 # an allowed logit that overflowed to -inf is NaN: its row is NaN, not empty
                 s = tl.where(allowed, tl.where(s == float("-inf"), float("nan"), s), float("-inf"))
@@ -255,7 +263,7 @@ def attention_forward(
                         acc += tl.sum(p, axis=1)[:, None] * v_end[None, :]
                     else:
                         # the key column of each window column
-                        spread = w[None, :] + ii[:, None] - (BM - 1)
+                        spread = w[None, :] + here[:, None] - (BM - 1)
                         spread_ok = (spread >= 0) & (spread < BN)
                         pw = tl.gather(p, tl.where(spread_ok, spread, 0), axis=1)
                         pw = tl.where(spread_ok, pw, 0.0)
