@@ -63,7 +63,7 @@ from ._torch_plan import Plan, Term, plan, window
 
 __all__ = [
     "MAX_PIECES", "add_picked", "add_terms", "arena_for", "form_attention", "gather_product",
-    "logits", "weights",
+    "logits", "picked_index", "weights",
 ]
 
 #: A window crossing more runs of a map than this reads it distance by distance.
@@ -130,7 +130,8 @@ def add_picked(scores: Any, term: Term, a: int, b: int, start: int, arena: Arena
     """``scores[:, i', j~] += (s a_i) . A[row(start + i' + j~)]`` of a "gather" term, pair by pair
     (`write`: ``=``, not ``+=``).
 
-    The product ``(s a_b) A^T`` is made query by query, ``(L, r, m + 1)``, and
+    The product ``(s a_b) A^T`` is made query by query, ``(L, r, hi + 1 - lo)``
+    for the rows ``lo .. hi`` the block's window reads (``term.spans``), and
     each row reads its window of distances with one ``torch.gather``: a row's
     entries are in order along the keys. Picking whole rows of the product by
     distance (`relpos_ref.kernels._torch_blocks.add_by_rows`) leaves the band
@@ -139,15 +140,23 @@ def add_picked(scores: Any, term: Term, a: int, b: int, start: int, arena: Arena
     """
     vectors, table = term.x[:, a:b], term.table
     lanes, r, width = scores.shape
-    x = arena.take(lanes, r, table.shape[-2])
-    torch.bmm(vectors, table.expand(lanes, *table.shape[-2:]).mT, out=x)
-    index = hankel(term.rows[start:start + r + width - 1], r, width, row=1, col=1, axes=1)
+    lo, hi = term.spans[a]
+    x = arena.take(lanes, r, hi + 1 - lo)
+    torch.bmm(vectors, table[:, lo:hi + 1].expand(lanes, -1, -1).mT, out=x)
+    index = picked_index(term, start, r, width, lo)
     if write:
         torch.gather(x, 2, index.expand(lanes, r, width), out=scores)
         return
     found = arena.take(lanes, r, width)
     torch.gather(x, 2, index.expand(lanes, r, width), out=found)
     scores += found
+
+
+def picked_index(term: Term, start: int, r: int, width: int, lo: int) -> Any:
+    """``(r, width)``: the row of pair ``(i', j~)``, ``row(start + i' + j~) - lo`` (a view where
+    ``lo`` is 0)."""
+    index = hankel(term.rows[start:start + r + width - 1], r, width, row=1, col=1, axes=1)
+    return index - lo if lo else index
 
 
 def _dense(term: Term, a: int, b: int, start: int, n: int, arena: Arena) -> Any:

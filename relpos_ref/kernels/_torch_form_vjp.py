@@ -42,7 +42,7 @@ from ._torch_blocks import (
     pieces,
     region_sums,
 )
-from ._torch_form import arena_for, weights
+from ._torch_form import arena_for, picked_index, weights
 from ._torch_key_terms import key_gradients, keys_backward
 from ._torch_pairs import grid_backward, pairs_backward
 from ._torch_plan import Plan, Term, plan, window
@@ -129,11 +129,13 @@ def _block(p: Plan, g: _Grads, d_out: Any, block: int, arena: Arena) -> None:
         acc = g.terms[t]
         if term.kind == "gather":
             if piece_count(term.runs, n_all, start, n) > _torch_form.MAX_PIECES:
-                by_row = _picked_backward(grad, term, start, arena)
+                lo = term.spans[a][0]
+                by_row = _picked_backward(grad, term, a, start, arena)
             else:
+                lo = 0
                 by_row = arena.zeros(grad.shape[0], term.table.shape[-2], r)
                 _gather_backward(by_row, grad, term, start, n, n_all, arena)
-            _product_backward(term, acc, g.vectors[t], by_row, a, b)
+            _product_backward(term, acc, g.vectors[t], by_row, a, b, lo)
         elif term.kind == "dense":
             _dense_backward(term, acc, g.vectors[t], laid, a, b, start, n)
         elif term.kind == "keys":
@@ -147,27 +149,30 @@ def _block(p: Plan, g: _Grads, d_out: Any, block: int, arena: Arena) -> None:
         g.bias[:, start:start + n] += laid.sum(-2)
 
 
-def _picked_backward(grad: Any, term: Term, start: int, arena: Arena) -> Any:
+def _picked_backward(grad: Any, term: Term, a: int, start: int, arena: Arena) -> Any:
     # the gradient of the product `add_picked` read pair by pair: G scattered into each query's
-    # row of the product, (L, r, m + 1), returned as (L, m + 1, r) (a transposed view)
+    # row of the product, (L, r, hi + 1 - lo) for the rows lo .. hi block a reads, returned
+    # as (L, hi + 1 - lo, r) (a transposed view)
     lanes, r, width = grad.shape
-    by_query = arena.zeros(lanes, r, term.table.shape[-2])
-    index = hankel(term.rows[start:start + r + width - 1], r, width, row=1, col=1, axes=1)
+    lo, hi = term.spans[a]
+    by_query = arena.zeros(lanes, r, hi + 1 - lo)
+    index = picked_index(term, start, r, width, lo)
     by_query.scatter_add_(2, index.expand(lanes, r, width), grad)
     return by_query.mT
 
 
 def _product_backward(term: Term, acc: Any, d_vectors: Any, by_row: Any, a: int,
-                      b: int) -> None:
-    # a "gather" term's product (s A) a_b^T = x (L, m + 1, r) with gradient by_row: the
-    # table's (acc) and the vectors' gradients
-    vectors, table = term.x[:, a:b], term.table
+                      b: int, lo: int = 0) -> None:
+    # a "gather" term's product (s A) a_b^T = x (L, m + 1, r) with gradient by_row, the
+    # table's rows lo .. lo + len(by_row) - 1: the table's (acc) and the vectors' gradients
+    vectors, hi = term.x[:, a:b], lo + by_row.shape[-2]
+    table = term.table[:, lo:hi]
     d_vectors[:, a:b].baddbmm_(by_row.mT, table.expand(by_row.shape[0], *table.shape[1:]))
     if acc.shape[0] == 1:  # one table for every head
-        acc[0] += by_row.transpose(0, 1).reshape(table.shape[-2], -1) \
+        acc[0, lo:hi] += by_row.transpose(0, 1).reshape(hi - lo, -1) \
             @ vectors.reshape(-1, vectors.shape[-1])
     else:
-        acc.baddbmm_(by_row, vectors)
+        acc[:, lo:hi].baddbmm_(by_row, vectors)
 
 
 def _dense_backward(term: Term, acc: Any, d_vectors: Any, laid: Any, a: int, b: int,

@@ -26,12 +26,15 @@ __all__ = ["KEY_TILE", "add_keys", "key_gradients", "key_product", "key_tiles",
 KEY_TILE = 128
 
 
-def key_product(term: Any, lead: tuple[int, ...], s: float) -> Any:
+def key_product(term: Any, lead: tuple[int, ...], s: float,
+                spans: list[tuple[int, int] | None] | None = None) -> Any:
     """``(tiles, L, m + 1, KEY_TILE)``: ``(s B) b^T`` of each tile of keys (reversed), contiguous.
 
     `term` is a `relpos_ref.lowering.SideTerm` (``vectors`` the keys, ``table``
     ``B``), `lead` the call's broadcast batch, `s` the scale; row ``m`` is
-    zeros (what the map's ``-1`` reads).
+    zeros (what the map's ``-1`` reads). `spans`: per tile, the rows its
+    blocks read (`relpos_ref.kernels._torch_plan.key_spans`), the only rows
+    made (the others are never read; ``None``: every row of every tile).
     """
     table = extended(term.table * s, -2)
     keys = flat(term.vectors.flip(-2), lead)
@@ -40,11 +43,15 @@ def key_product(term: Any, lead: tuple[int, ...], s: float) -> Any:
     table = table.expand(lanes, *table.shape[-2:]) if table.dim() == 2 else flat(table, lead)
     out = keys.new_empty((count, lanes, table.shape[-2], KEY_TILE))
     for tile in range(count):
+        lo, hi = (0, table.shape[-2] - 1) if spans is None else spans[tile] or (0, -1)
+        if hi < lo:
+            continue
         part = keys[:, tile * KEY_TILE:(tile + 1) * KEY_TILE]
+        rows = table[:, lo:hi + 1]
         if part.shape[-2] == KEY_TILE:
-            torch.bmm(table, part.mT, out=out[tile])
+            torch.bmm(rows, part.mT, out=out[tile, :, lo:hi + 1])
         else:  # the last tile, in part (its other columns are never read)
-            out[tile, ..., :part.shape[-2]] = torch.bmm(table, part.mT)
+            out[tile, :, lo:hi + 1, :part.shape[-2]] = torch.bmm(rows, part.mT)
     return out
 
 

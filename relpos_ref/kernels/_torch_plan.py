@@ -20,13 +20,14 @@ from typing import Any, NamedTuple
 import torch
 
 from ..lowering import DistanceForm, IndexMap
+from . import _torch_key_terms
 from ._torch_blocks import Runs, extended, flat, runs_of_map
 from ._torch_key_terms import key_product
 from ._torch_pairs import grid_table, structure
 
 __all__ = [
     "BLOCK_BYTES", "GATHER_SHARE", "MIN_ROWS", "Plan", "Term", "Values", "dense_term", "fits",
-    "lead_axes", "plan", "rows_per_block", "window",
+    "key_spans", "lead_axes", "plan", "row_spans", "rows_per_block", "window",
 ]
 
 #: Bytes of a block's scores (all leading axes): a block's work stays in cache.
@@ -82,6 +83,8 @@ class Term(NamedTuple):
     runs: Runs | None = None  # gather: the map's runs
     index: IndexMap | None = None  # pairs
     keys: tuple[str, int, Any] | None = None  # pairs: the keys' `structure`
+    spans: Any = None  # gather: {a: (lo, hi)}, the rows block a's window reads; keys: a list,
+    # per tile of keys, of the rows its blocks read (`row_spans`, `key_spans`)
 
 
 class Values(NamedTuple):
@@ -166,9 +169,10 @@ def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None,
             terms.append(Term("pairs", x, index=term.index, keys=structure(term.index.key)))
         elif m <= GATHER_SHARE * call.t_k:  # its product with a block's vectors, per block
             table = table[None] if table.dim() == 2 else flat(table, lead).contiguous()
+            reversed_rows = _reversed_rows(term.index, m)
             terms.append(Term("gather", flat(term.vectors, lead), table=table,
-                              rows=_reversed_rows(term.index, m),
-                              runs=runs_of_map(term.index.rows)))
+                              rows=reversed_rows, runs=runs_of_map(term.index.rows),
+                              spans=row_spans(reversed_rows, call, blocks)))
         else:
             by_distance = table[..., torch.where(term.index.rows < 0, m, term.index.rows), :]
             by_distance = by_distance.flip(-2)
@@ -176,9 +180,10 @@ def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None,
                 by_distance = flat(by_distance, lead).contiguous()
             terms.append(Term("dense", flat(term.vectors, lead), table=by_distance))
     for term in form.key_terms:
-        terms.append(Term("keys", key_product(term, lead, s),
-                          rows=_reversed_rows(term.index, term.table.shape[-2]),
-                          runs=runs_of_map(term.index.rows)))
+        reversed_rows = _reversed_rows(term.index, term.table.shape[-2])
+        spans = key_spans(reversed_rows, call, blocks)
+        terms.append(Term("keys", key_product(term, lead, s, spans), rows=reversed_rows,
+                          runs=runs_of_map(term.index.rows), spans=spans))
     for term in form.biases:
         table = extended(term.table, -1)
         if term.index.by_distance:
@@ -214,6 +219,59 @@ def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None,
     else:
         dense = _lanes(dense, lead)
     return Plan(form, lead, q, k, v, mask, tuple(terms), bias, tuple(values), blocks, dense)
+
+
+def row_spans(rows: Any, call: Any, blocks: Any) -> dict[int, tuple[int, int]]:
+    """``{a: (lo, hi)}``: the first and last table row the window of block ``(a, b, width)``
+    reads in the reversed map `rows` (`window`).
+
+    A block's product with a table needs only those rows: DeBERTa's first and
+    last blocks of rows reach about 320 of its 512 (t = 1024, span 256).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from relpos_ref.calls import Call
+    >>> rows = torch.tensor([4, 4, 3, 2, 1, 0, 0])  # four positions, clipped at both ends
+    >>> row_spans(rows, Call(None, (), 4, 4, 1, 1.0, False, 0), ((0, 2, 4), (2, 4, 4)))
+    {0: (1, 4), 2: (0, 3)}
+    """
+    host = rows.cpu().numpy()
+    out = {}
+    for a, b, width in blocks:
+        start, n = window(call, a, b, width)
+        seen = host[start:start + n]
+        out[a] = (int(seen.min()), int(seen.max()))
+    return out
+
+
+def key_spans(rows: Any, call: Any, blocks: Any) -> list[tuple[int, int] | None]:
+    """Per tile of `KEY_TILE` keys (reversed), the first and last table row its blocks read in
+    the reversed map `rows` (``None``: no block reads the tile).
+
+    Pair ``(i, g)`` (query ``i``, reversed key ``g``) reads entry ``i + g``;
+    the blocks of rows a tile meets read one run of entries.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from relpos_ref.calls import Call
+    >>> rows = torch.tensor([4, 4, 3, 2, 1, 0, 0])
+    >>> key_spans(rows, Call(None, (), 4, 4, 1, 1.0, True, 0), ((0, 2, 2), (2, 4, 4)))
+    [(0, 4)]
+    """
+    tile = _torch_key_terms.KEY_TILE
+    count = -(-call.t_k // tile)
+    first: list[int | None] = [None] * count
+    last: list[int | None] = [None] * count
+    for a, b, width in blocks:
+        for t in range((call.t_k - width) // tile, count):
+            g0, g1 = max(t * tile, call.t_k - width), min((t + 1) * tile, call.t_k)
+            first[t] = a + g0 if first[t] is None else min(first[t], a + g0)
+            last[t] = b + g1 - 2 if last[t] is None else max(last[t], b + g1 - 2)
+    host = rows.cpu().numpy()
+    return [None if lo is None else (int(host[lo:hi + 1].min()), int(host[lo:hi + 1].max()))
+            for lo, hi in zip(first, last, strict=True)]
 
 
 def _lanes(term: Any, lead: tuple[int, ...]) -> Any:
