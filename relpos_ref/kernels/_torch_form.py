@@ -130,8 +130,8 @@ def add_picked(scores: Any, term: Term, a: int, b: int, start: int, arena: Arena
     """``scores[:, i', j~] += (s a_i) . A[row(start + i' + j~)]`` of a "gather" term, pair by pair
     (`write`: ``=``, not ``+=``).
 
-    The product ``(s a_b) A^T`` is made query by query, ``(L, r, hi + 1 - lo)``
-    for the rows ``lo .. hi`` the block's window reads (``term.spans``), and
+    The product ``(s a_b) A^T`` is made query by query, ``(L, r, hi + 1)``, its
+    columns ``lo .. hi`` the rows the block's window reads (``term.spans``), and
     each row reads its window of distances with one ``torch.gather``: a row's
     entries are in order along the keys. Picking whole rows of the product by
     distance (`relpos_ref.kernels._torch_blocks.add_by_rows`) leaves the band
@@ -141,9 +141,9 @@ def add_picked(scores: Any, term: Term, a: int, b: int, start: int, arena: Arena
     vectors, table = term.x[:, a:b], term.table
     lanes, r, width = scores.shape
     lo, hi = term.spans[a]
-    x = arena.take(lanes, r, hi + 1 - lo)
-    torch.bmm(vectors, table[:, lo:hi + 1].expand(lanes, -1, -1).mT, out=x)
-    index = picked_index(term, start, r, width, lo)
+    x = arena.take(lanes, r, hi + 1)  # (its columns before lo are never read)
+    torch.bmm(vectors, table[:, lo:hi + 1].expand(lanes, -1, -1).mT, out=x[..., lo:])
+    index = picked_index(term, start, r, width)
     if write:
         torch.gather(x, 2, index.expand(lanes, r, width), out=scores)
         return
@@ -152,11 +152,9 @@ def add_picked(scores: Any, term: Term, a: int, b: int, start: int, arena: Arena
     scores += found
 
 
-def picked_index(term: Term, start: int, r: int, width: int, lo: int) -> Any:
-    """``(r, width)``: the row of pair ``(i', j~)``, ``row(start + i' + j~) - lo`` (a view where
-    ``lo`` is 0)."""
-    index = hankel(term.rows[start:start + r + width - 1], r, width, row=1, col=1, axes=1)
-    return index - lo if lo else index
+def picked_index(term: Term, start: int, r: int, width: int) -> Any:
+    """``(r, width)``, a view: the table row of pair ``(i', j~)``, ``row(start + i' + j~)``."""
+    return hankel(term.rows[start:start + r + width - 1], r, width, row=1, col=1, axes=1)
 
 
 def _dense(term: Term, a: int, b: int, start: int, n: int, arena: Arena) -> Any:

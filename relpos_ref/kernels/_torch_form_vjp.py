@@ -151,14 +151,14 @@ def _block(p: Plan, g: _Grads, d_out: Any, block: int, arena: Arena) -> None:
 
 def _picked_backward(grad: Any, term: Term, a: int, start: int, arena: Arena) -> Any:
     # the gradient of the product `add_picked` read pair by pair: G scattered into each query's
-    # row of the product, (L, r, hi + 1 - lo) for the rows lo .. hi block a reads, returned
-    # as (L, hi + 1 - lo, r) (a transposed view)
+    # row of the product, (L, r, hi + 1), returned for the rows lo .. hi block a reads as
+    # (L, hi + 1 - lo, r) (a transposed view)
     lanes, r, width = grad.shape
     lo, hi = term.spans[a]
-    by_query = arena.zeros(lanes, r, hi + 1 - lo)
-    index = picked_index(term, start, r, width, lo)
+    by_query = arena.zeros(lanes, r, hi + 1)
+    index = picked_index(term, start, r, width)
     by_query.scatter_add_(2, index.expand(lanes, r, width), grad)
-    return by_query.mT
+    return by_query[..., lo:].mT
 
 
 def _product_backward(term: Term, acc: Any, d_vectors: Any, by_row: Any, a: int,
