@@ -41,16 +41,17 @@ MIN_ROWS = 16
 GATHER_SHARE = 0.5
 
 
-def rows_per_block(lead: tuple[int, ...], t_k: int, itemsize: int) -> int:
-    """Query rows per block: about `BLOCK_BYTES` of scores, at least `MIN_ROWS`.
+def rows_per_block(lead: tuple[int, ...], t_k: int, itemsize: int,
+                   block_bytes: int | None = None) -> int:
+    """Query rows per block: about `block_bytes` (`BLOCK_BYTES`) of scores, at least `MIN_ROWS`.
 
     Examples
     --------
-    >>> import torch
     >>> rows_per_block((1, 8), 1024, 4)
     64
     """
-    return max(MIN_ROWS, BLOCK_BYTES // max(1, math.prod(lead) * t_k * itemsize))
+    size = BLOCK_BYTES if block_bytes is None else block_bytes
+    return max(MIN_ROWS, size // max(1, math.prod(lead) * t_k * itemsize))
 
 
 def window(call: Any, a: int, b: int, width: int) -> tuple[int, int]:
@@ -143,7 +144,7 @@ def lead_axes(form: DistanceForm, dense: Any = None) -> tuple[int, ...]:
 
 
 def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None,
-         dense: Any = None) -> Plan:
+         dense: Any = None, block_bytes: int | None = None) -> Plan:
     """What a call's blocks read: the contents with the keys reversed, one product per term.
 
     `flipped`: ``k'`` and ``v`` with their keys already reversed (a blocked
@@ -151,14 +152,15 @@ def plan(form: DistanceForm, flipped: tuple[Any, Any] | None = None,
     ``(..., t_q, t_k)`` with its keys already reversed, added to the scores
     as the form's own dense terms are (a kernel that makes its bias in that
     order: no copy to reverse it); a causal call reads only the keys each
-    block of rows may see.
+    block of rows may see. `block_bytes`: about how many bytes of scores a block holds
+    (`BLOCK_BYTES` if not given).
     """
     call, s = form.call, form.call.scale
     lead = lead_axes(form, dense)
     q = flat(form.q * s, lead).contiguous()
     flipped = (form.k.flip(-2), form.v.flip(-2)) if flipped is None else flipped
     k, v = (flat(x, lead).contiguous() for x in flipped)
-    rows = max(1, rows_per_block(lead, call.t_k, q.element_size()))
+    rows = max(1, rows_per_block(lead, call.t_k, q.element_size(), block_bytes))
     blocks = _blocks(call, rows)
     terms, bias = [], None
     for term in form.query_terms:
