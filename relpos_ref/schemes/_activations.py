@@ -27,4 +27,5 @@ def relu(x: Any, /) -> Any:
     """
     xp = _xp.array_namespace(x)
     zero = xp.zeros((), dtype=x.dtype, device=_xp.device(x))
-    return xp.where(x > 0, x, xp.where(x <= 0, zero, x))
+    # one selection: NaN fails `x <= 0` and is kept, -inf and 0 get 0 (no gradient)
+    return xp.where(x <= 0, zero, x)
