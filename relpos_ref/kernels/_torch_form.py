@@ -63,7 +63,7 @@ from ._torch_plan import Plan, Term, plan, window
 
 __all__ = [
     "MAX_PIECES", "add_picked", "add_terms", "arena_for", "form_attention", "gather_product",
-    "logits", "picked_index", "weights",
+    "logits", "picked_index", "read_by_pairs", "weights",
 ]
 
 #: A window crossing more runs of a map than this reads it distance by distance.
@@ -91,15 +91,15 @@ def add_terms(scores: Any, p: Plan, a: int, b: int, width: int, arena: Arena, *,
     call, r = p.form.call, b - a
     t_k, n_all = call.t_k, call.t_q + call.t_k - 1
     start, n = window(call, a, b, width)
-    picked = [t.kind == "gather" and piece_count(t.runs, n_all, start, n) > MAX_PIECES
-              for t in p.terms]
-    if fresh and picked[:1] != [True]:
+    picked = [term.kind == "gather" and read_by_pairs(term, n_all, start, n)
+              for term in p.terms]
+    written = fresh and bool(picked) and picked[0]  # the first term writes the scores
+    if fresh and not written:
         scores.zero_()
-    for term, pick in zip(p.terms, picked, strict=True):
+    for t, (term, pick) in enumerate(zip(p.terms, picked, strict=True)):
         if term.kind == "gather":
             if pick:
-                add_picked(scores, term, a, b, start, arena, write=fresh)
-                fresh = False
+                add_picked(scores, term, a, b, start, arena, write=written and t == 0)
             else:
                 add_by_rows(scores, gather_product(term, a, b, arena), term.rows, term.runs,
                             start, n_all, arena, max_pieces=MAX_PIECES)
@@ -115,6 +115,13 @@ def add_terms(scores: Any, p: Plan, a: int, b: int, width: int, arena: Arena, *,
         scores += hankel(p.bias[:, start:start + n], r, width, row=1, col=1, axes=1)
     if p.dense is not None:
         scores += p.dense[:, a:b, t_k - width:]
+
+
+def read_by_pairs(term: Term, n_all: int, start: int, n: int) -> bool:
+    """Whether a "gather" term's window ``start .. start + n - 1`` crosses more than
+    `MAX_PIECES` runs of its map, so that a block reads it pair by pair (`add_picked`), not
+    run by run (`relpos_ref.kernels._torch_blocks.add_by_rows`)."""
+    return piece_count(term.runs, n_all, start, n) > MAX_PIECES
 
 
 def gather_product(term: Term, a: int, b: int, arena: Arena) -> Any:

@@ -38,11 +38,10 @@ from ._torch_blocks import (
     hankel,
     kept_array,
     laid_rows,
-    piece_count,
     pieces,
     region_sums,
 )
-from ._torch_form import arena_for, picked_index, weights
+from ._torch_form import arena_for, picked_index, read_by_pairs, weights
 from ._torch_key_terms import key_gradients, keys_backward
 from ._torch_pairs import grid_backward, pairs_backward
 from ._torch_plan import Plan, Term, plan, window
@@ -128,9 +127,8 @@ def _block(p: Plan, g: _Grads, d_out: Any, block: int, arena: Arena) -> None:
     for t, term in enumerate(p.terms):
         acc = g.terms[t]
         if term.kind == "gather":
-            if piece_count(term.runs, n_all, start, n) > _torch_form.MAX_PIECES:
-                lo = term.spans[a][0]
-                by_row = _picked_backward(grad, term, a, start, arena)
+            if read_by_pairs(term, n_all, start, n):
+                by_row, lo = _picked_backward(grad, term, a, start, arena)
             else:
                 lo = 0
                 by_row = arena.zeros(grad.shape[0], term.table.shape[-2], r)
@@ -149,16 +147,17 @@ def _block(p: Plan, g: _Grads, d_out: Any, block: int, arena: Arena) -> None:
         g.bias[:, start:start + n] += laid.sum(-2)
 
 
-def _picked_backward(grad: Any, term: Term, a: int, start: int, arena: Arena) -> Any:
+def _picked_backward(grad: Any, term: Term, a: int, start: int,
+                     arena: Arena) -> tuple[Any, int]:
     # the gradient of the product `add_picked` read pair by pair: G scattered into each query's
-    # row of the product, (L, r, hi + 1), returned for the rows lo .. hi block a reads as
-    # (L, hi + 1 - lo, r) (a transposed view)
+    # row of the product, (L, r, hi + 1); returned for the rows lo .. hi block a reads as
+    # (L, hi + 1 - lo, r) (a transposed view), with lo
     lanes, r, width = grad.shape
     lo, hi = term.spans[a]
     by_query = arena.zeros(lanes, r, hi + 1)
     index = picked_index(term, start, r, width)
     by_query.scatter_add_(2, index.expand(lanes, r, width), grad)
-    return by_query[..., lo:].mT
+    return by_query[..., lo:].mT, lo
 
 
 def _product_backward(term: Term, acc: Any, d_vectors: Any, by_row: Any, a: int,
