@@ -48,9 +48,9 @@ def _spec(scheme, args, kwargs):
         return getattr(rp, _public(scheme))(*args, **kwargs)
 
 
-def _run(scheme, args, kwargs):
+def _run(scheme, args, kwargs, backward_tiles=((16, 16), (16, 16), 4)):
     context = kt.interpreted() if INTERPRETED else mock.patch.dict({})
-    tiles = dict.fromkeys(_triton_vjp.BACKWARD_TILES, (16, 16, 4))
+    tiles = dict.fromkeys(_triton_vjp.BACKWARD_TILES, backward_tiles)
     with context, _small_tiles(), mock.patch.dict(_triton_vjp.BACKWARD_TILES, tiles):
         return kt.VJP_KERNELS[scheme](*args, **kwargs)
 
@@ -115,6 +115,27 @@ def test_vjp_kernel_over_several_tiles(scheme, causal):
         kwargs["bias"] = _tensor(data.standard_normal((50, 70)), torch.float64)
     args = (q, k, v, *tables)
     _assert_gradients(_run(scheme, args, kwargs), _spec(scheme, args, kwargs), "float64")
+
+
+@pytest.mark.parametrize("scheme", ["bias", "plain"])
+def test_the_two_backward_kernels_walk_their_own_tiles(scheme):
+    """dQ on tiles of 16 queries and 32 keys, dK/dV on 32 queries and 16 keys.
+
+    Each kernel's grid, walk and window of distances (a bias row's gradient
+    by diagonals) come from its own tiles; causal, an offset and a mask.
+    """
+    data = np.random.default_rng(12)
+    q, k, v = (_tensor(data.standard_normal(s), torch.float64)
+               for s in ((2, 50, 16), (2, 70, 16), (2, 70, 8)))
+    tables = [_tensor(data.standard_normal((2, 21)), torch.float64)] if scheme == "bias" else []
+    kwargs = {"causal": True, "q_offset": 20,
+              "mask": _tensor(data.random((50, 70)) < 0.9, None),
+              "d_output": _tensor(data.standard_normal((2, 50, 8)), torch.float64)}
+    if scheme == "plain":
+        kwargs["bias"] = _tensor(data.standard_normal((2, 50, 70)), torch.float64)
+    args = (q, k, v, *tables)
+    got = _run(scheme, args, kwargs, backward_tiles=((16, 32), (32, 16), 4))
+    _assert_gradients(got, _spec(scheme, args, kwargs), "float64")
 
 
 @pytest.mark.parametrize("max_distance", [0, 1, 4, 5, 14, 15, 16, 17])

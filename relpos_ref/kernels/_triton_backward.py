@@ -148,8 +148,8 @@ def attention_dq(
         s = _logits(q, k, scale, g1, g2, qc1, qc2, KC1, KC2, low1, low2, s1c, s2c, glo, ghi,
                     rows, offs_n, m_ok, n_ok, inside, j0 - i0 + t_q - BM, t_q, BM + BN - 2,
                     NG, G1_COORDS, G2_COORDS, G_ENDS, Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
-        allowed = allowed_pairs(inside, rows, offs_n, q_offset, mask_rows, smn, CAUSAL,
-                                HAS_MASK)
+        allowed = allowed_pairs(inside, offs_n, here, jj, i0 + q_offset - j0, mask_rows, smn,
+                                CAUSAL, HAS_MASK)
         p = _weights(s, allowed, lse)
         dp = product(do, tl.trans(vals), False, False, DOT, OPERAND, PRECISION)
         dl = p * (dp - delta[:, None])
@@ -192,7 +192,8 @@ def attention_dkdv(
     a, b, h = batch_of(pid_z, n_b, n_h)
     j0 = pid_n * BN
     ii = tl.arange(0, BM)
-    offs_n = j0 + tl.arange(0, BN)
+    jj = tl.arange(0, BN)
+    offs_n = j0 + jj
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
     n_ok = offs_n < t_k
@@ -236,8 +237,9 @@ def attention_dkdv(
         s = _logits(q, k_step, scale, g1, g2, qc1, qc2, KC1, KC2, low1, low2, s1c, s2c, glo, ghi,
                     offs_m, offs_n, m_ok, n_ok, inside, j0 - i0 + t_q - BM, t_q, BM + BN - 2,
                     NG, G1_COORDS, G2_COORDS, G_ENDS, Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
-        allowed = allowed_pairs(inside, offs_m, offs_n, q_offset, mask_rows, smn, CAUSAL,
-                                HAS_MASK)
+        here = ii + tl.minimum(i0, 0)  # made in each step, as in the dQ kernel
+        allowed = allowed_pairs(inside, offs_n, here, jj, i0 + q_offset - j0, mask_rows, smn,
+                                CAUSAL, HAS_MASK)
         p = _weights(s, allowed, lse)
         dv += product(tl.trans(p), do, SPLIT, False, DOT, OPERAND, PRECISION)
         dp = product(do, tl.trans(vals_step), False, False, DOT, OPERAND, PRECISION)

@@ -202,18 +202,23 @@ def attention_forward(
                 v_end = tv0 if PART == 0 else tv1
         if WINDOWED or PART == 1:
             for j0 in range(j_start, j_end, BN):
-                # with window terms, the tile's queries through an opaque zero (j0 >= 0): each
-                # (BM, BN) or (BM, BW) index made from them depends on the loop, so it is made
-                # again in every step, not hoisted out of the loop and held in registers
-                # across it (built for sm_90 by triton 3.6, 16-bit: Shaw's window variant
-                # spilled 1052 bytes so, 48 without; Transformer-XL's 308, 0; DeBERTa's 504,
-                # 140); the others' builds are as they were (bias float32: 0 bytes, 8 with it)
-                here = ii + tl.minimum(j0, 0) if WINDOWED else ii
+                # the tile's queries through an opaque zero (j0 >= 0): each (BM, BN) or
+                # (BM, BW) index made from them (the causal test, a window's columns) depends
+                # on the loop, so it is made again in every step, not hoisted out of the loop
+                # and held in registers across it (built for sm_90 by triton 3.6, 16-bit:
+                # Shaw's window variant spilled 1052 bytes so, 48 without; Transformer-XL's
+                # 308, 0; DeBERTa's 504, 140)
+                here = ii + tl.minimum(j0, 0)
                 rows = i0 + here
                 offs_n = j0 + jj
                 n_ok = offs_n < t_k
                 k = load_rows(K, a, b, h, ska, skb, skh, skn, offs_n, offs_d, n_ok, d_ok)
-                s = product(q, tl.trans(k), Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
+                # the window terms first, the content product after them (and below, the
+                # relative values before P v): a window's (BM, BW) product is done with before
+                # the tile's own products are made (built for sm_90, triton 3.9, 16-bit at
+                # 64 x 64: Shaw spilled 40 to 120 bytes the other way, 40 to 56 so; DeBERTa
+                # 56 to 120, 0 to 8)
+                s = tl.zeros([BM, BN], ACC)
                 if PART == 1:
                     c = j0 - i0 + t_q - BM + w  # the window's differences
                     diagonal = jj[None, :] - here[:, None] + (BM - 1)  # window column of a pair
@@ -236,6 +241,7 @@ def attention_forward(
                                      mask=(rk[:, None] >= 0) & d_ok[None, :], other=0.0)
                         sk = product(tk, tl.trans(kw), TK_WIDE, False, DOT, OPERAND, PRECISION)
                         s += tl.gather(sk, diagonal, axis=0)
+                s += product(q, tl.trans(k), Q_WIDE, K_WIDE, DOT, OPERAND, PRECISION)
                 s = s * scale
                 inside = m_ok[:, None] & n_ok[None, :]
                 if NG >= 1:
@@ -246,8 +252,8 @@ def attention_forward(
                     s = add_gathered(s, g2, s2c, rows, offs_n, m_ok, n_ok, inside, t_q, qc2, KC2,
                                      low2, j0 - i0 + t_q - BM, glo, ghi, BM + BN - 2, G_ENDS,
                                      G2_COORDS)
-                allowed = allowed_pairs(inside, rows, offs_n, q_offset, mask_rows, smn, CAUSAL,
-                                        HAS_MASK)
+                allowed = allowed_pairs(inside, offs_n, here, jj, i0 + q_offset - j0, mask_rows,
+                                        smn, CAUSAL, HAS_MASK)
                 # an allowed logit that overflowed to -inf is NaN: its row is NaN, not empty
                 s = tl.where(allowed, tl.where(s == float("-inf"), float("nan"), s), float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -256,8 +262,6 @@ def attention_forward(
                 alpha = tl.exp(m_i - m_safe)
                 l_i = l_i * alpha + tl.sum(p, axis=1)
                 acc = acc * alpha[:, None]
-                vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv, n_ok, dv_ok)
-                acc += product(p, vals, SPLIT, False, DOT, OPERAND, PRECISION)
                 if HAS_VW:
                     if PART != 1:
                         acc += tl.sum(p, axis=1)[:, None] * v_end[None, :]
@@ -271,6 +275,8 @@ def attention_forward(
                         tv = tl.load(TV + h * stvh + rv[:, None] * stvm + offs_dv[None, :],
                                      mask=(rv[:, None] >= 0) & dv_ok[None, :], other=0.0)
                         acc += product(pw, tv, SPLIT, False, DOT, OPERAND, PRECISION)
+                vals = load_rows(V, a, b, h, sva, svb, svh, svn, offs_n, offs_dv, n_ok, dv_ok)
+                acc += product(p, vals, SPLIT, False, DOT, OPERAND, PRECISION)
                 m_i = m_new
 
     # no allowed key: l = 0, zeros; an overflowed logit made l NaN

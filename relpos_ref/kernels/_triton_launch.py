@@ -25,22 +25,25 @@ from ..lowering import DistanceForm, bias_by_difference
 
 __all__ = [
     "TILES", "Launch", "fits", "forward_arguments", "launch_forward", "run", "tile_sizes",
+    "window_kind",
 ]
 
 #: Largest feature widths the kernel takes (padded to a power of two, at least 16).
 MAX_WIDTH = 256
 
-#: ``(queries, keys, warps)`` of a program by whether the call has window terms (QW, KW or
-#: VW) and by the bytes of its operands (2: float16 and bfloat16, 4, 8). Chosen on an H200
-#: (benchmarks/gpu_check.py's ``tiles``) among those that fit its shared memory, but the
-#: 16-bit window variants': triton 3.6 failed to pipeline them at 64 x 64 ("PassManager::run
-#: failed": a product under a branch on the tile) until the kernel's key loop was split in
-#: three; built for sm_90 since, at 64 x 64 and 8 warps they use Hopper's warp-group products
-#: (at 32 x 32, the H200's choice before, they do not), not yet timed on a GPU.
+#: ``(queries, keys, warps)`` of a program by the call's window terms (`window_kind`) and by the
+#: bytes of its operands (2: float16 and bfloat16, 4, 8). Those without window terms were chosen
+#: on an H200 (benchmarks/gpu_check.py's ``tiles``) among those that fit its shared memory. The
+#: window variants' are the largest at which their builds for sm_90 spill nothing, with triton
+#: 3.9 and 3.6 (`relpos_ref.kernels._triton_variants`; 3.6 builds no float64), not yet timed
+#: on a GPU: at 64 x 64 and 8 warps Shaw's 16-bit window spilled 40 to 56 bytes, DeBERTa's 0 to
+#: 36; float32 DeBERTa's 32 to 164 at 32 x 16 and 16 x 32. 16-bit tiles of 64 queries use
+#: Hopper's warp-group products (``wgmma``); Shaw's 32 do not.
 TILES = {
-    (False, 2): (64, 64, 4), (True, 2): (64, 64, 8),
-    (False, 4): (128, 64, 8), (True, 4): (32, 32, 4),
-    (False, 8): (32, 32, 4), (True, 8): (32, 32, 4),
+    (None, 2): (64, 64, 4), (None, 4): (128, 64, 8), (None, 8): (32, 32, 4),
+    ("terms", 2): (64, 64, 8), ("terms", 4): (32, 32, 8), ("terms", 8): (32, 32, 8),
+    ("both", 2): (64, 32, 8), ("both", 4): (16, 16, 2), ("both", 8): (16, 32, 8),
+    ("values", 2): (32, 64, 8), ("values", 4): (32, 16, 8), ("values", 8): (32, 16, 8),
 }
 
 #: The operand widths (bytes) whose calls read one entry per query in a tile wholly past the
@@ -56,12 +59,25 @@ def _power_of_two(n: int) -> int:
     return max(16, 1 << (max(n, 1) - 1).bit_length())
 
 
+def window_kind(form: DistanceForm) -> str | None:
+    """The window terms a form has, which set its tiles (`TILES`): the registers grow with them.
+
+    ``"values"``: relative values (Shaw, Music); ``"both"``: terms by
+    distance on the queries' and the keys' side (DeBERTa); ``"terms"``: on
+    one side (general, Transformer-XL); ``None``: no window term.
+    """
+    if any(t.index.by_distance for t in form.values):
+        return "values"
+    sides = (any(t.index.by_distance for t in form.query_terms),
+             any(t.index.by_distance for t in form.key_terms))
+    return "both" if all(sides) else "terms" if any(sides) else None
+
+
 def tile_sizes(form: DistanceForm) -> tuple[int, int, int, int]:
     """``(BM, BN, BW, warps)``: queries and keys per tile, the window of their distances, warps."""
-    windowed = any(t.index.by_distance for t in (*form.query_terms, *form.key_terms,
-                                                  *form.values))
-    bm, bn, warps = TILES[windowed, min(8, max(2, _itemsize(form.v)))]
-    return bm, bn, _power_of_two(bm + bn - 1) if windowed else 16, warps
+    kind = window_kind(form)
+    bm, bn, warps = TILES[kind, min(8, max(2, _itemsize(form.v)))]
+    return bm, bn, _power_of_two(bm + bn - 1) if kind else 16, warps
 
 
 #: Software-pipelining stages of the key loop; ``None``: Triton's default for the GPU, or

@@ -42,16 +42,24 @@ def difference(offs_m, offs_n, n_ok, t_q, qc, KC, low, COORDS: tl.constexpr):
 
 
 @triton.jit
-def allowed_pairs(inside, offs_m, offs_n, q_offset, mask_rows, smn,
+def allowed_pairs(inside, offs_n, local_m, local_n, lead, mask_rows, smn,
                   CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):
     """The tile's pairs that may attend: inside the grid, not in the future, kept by the mask.
 
-    ``mask_rows`` points at the mask's entry ``(i, 0)`` of each of the tile's
-    queries (``(BM, 1)``); ``smn`` is its stride along the keys.
+    A pair is in the future when ``j > i + q_offset``; with the tile's first
+    query ``i0`` and first key ``j0``, ``i = i0 + local_m`` and ``j = j0 +
+    local_n``, that is ``local_n - local_m > lead``, ``lead = i0 + q_offset -
+    j0`` a scalar: the tile's indices enter the test, not the program's
+    (built for sm_90, a causal test of the keys' indices against the
+    queries' had the compiler carry their ``(BM, BN)`` broadcasts from one
+    key tile to the next, in three layouts: the float16 bias variant spilled
+    84 bytes so, none now). ``mask_rows`` points at the mask's entry
+    ``(i, 0)`` of each of the tile's queries (``(BM, 1)``); ``smn`` is its
+    stride along the keys.
     """
     allowed = inside
     if CAUSAL:
-        allowed = allowed & (offs_n[None, :] <= offs_m[:, None] + q_offset)
+        allowed = allowed & (local_n[None, :] - local_m[:, None] <= lead)
     if HAS_MASK:
         kept = tl.load(mask_rows + offs_n[None, :] * smn, mask=inside, other=0)
         allowed = allowed & (kept != 0)
