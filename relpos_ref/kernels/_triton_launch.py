@@ -31,14 +31,12 @@ __all__ = [
 #: Largest feature widths the kernel takes (padded to a power of two, at least 16).
 MAX_WIDTH = 256
 
-#: ``(queries, keys, warps)`` of a program by the call's window terms (`window_kind`) and by the
-#: bytes of its operands (2: float16 and bfloat16, 4, 8). Those without window terms were chosen
-#: on an H200 (benchmarks/gpu_check.py's ``tiles``) among those that fit its shared memory. The
-#: window variants' are the largest at which their builds for sm_90 spill nothing, with triton
-#: 3.9 and 3.6 (`relpos_ref.kernels._triton_variants`; 3.6 builds no float64), not yet timed
-#: on a GPU: at 64 x 64 and 8 warps Shaw's 16-bit window spilled 40 to 56 bytes, DeBERTa's 0 to
-#: 36; float32 DeBERTa's 32 to 164 at 32 x 16 and 16 x 32. 16-bit tiles of 64 queries use
-#: Hopper's warp-group products (``wgmma``); Shaw's 32 do not.
+#: ``(queries, keys, warps)`` of a program by the call's window terms (`window_kind`) and the
+#: bytes of its operands (2: float16 and bfloat16, 4, 8). Without window terms: chosen on an
+#: H200 (benchmarks/gpu_check.py's ``tiles``). With them: the largest whose builds for sm_90
+#: spill nothing, triton 3.9 and 3.6, not yet timed (at 64 x 64, 16-bit Shaw spilled 40 to 56
+#: bytes; float32 DeBERTa 128 to 220 at 32 x 16 and 16 x 32, triton 3.6). Shaw's 16-bit tiles
+#: of 32 queries do not use Hopper's warp-group products (``wgmma``); those of 64 do.
 TILES = {
     (None, 2): (64, 64, 4), (None, 4): (128, 64, 8), (None, 8): (32, 32, 4),
     ("terms", 2): (64, 64, 8), ("terms", 4): (32, 32, 8), ("terms", 8): (32, 32, 8),
