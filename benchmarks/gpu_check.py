@@ -292,7 +292,7 @@ def tiles(args) -> list[dict[str, Any]]:
     grid = {("float16", "bias"): [(64, 64, 4, s) for s in (2, 3, 4)] + [(128, 64, 8, 3)],
             # the 16-bit window variants: their defaults (`_triton_launch.TILES`: the largest
             # tiles whose builds spill nothing; Shaw's 32 queries do not use wgmma) against
-            # 64 x 64 and 8 warps (Shaw spilled 104 bytes there, DeBERTa 68, triton 3.9), 4
+            # 64 x 64 and 8 warps (Shaw spilled 40 to 56 bytes there, DeBERTa 0 to 8, triton 3.9), 4
             # warps, and the tiles of 32 the H200 chose while triton 3.6 could not pipeline 64
             ("float16", "shaw"): [(32, 64, 8, 3), (64, 64, 8, 3), (64, 64, 4, 3), (64, 64, 8, 2),
                                   (32, 32, 4, 3), (64, 32, 8, 3)],

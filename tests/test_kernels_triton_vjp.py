@@ -119,10 +119,11 @@ def test_vjp_kernel_over_several_tiles(scheme, causal):
 
 @pytest.mark.parametrize("scheme", ["bias", "plain"])
 def test_the_two_backward_kernels_walk_their_own_tiles(scheme):
-    """dQ on tiles of 16 queries and 32 keys, dK/dV on 32 queries and 16 keys.
+    """dQ on tiles of 16 queries and 32 keys, dK/dV on 32 queries and 64 keys.
 
     Each kernel's grid, walk and window of distances (a bias row's gradient
-    by diagonals) come from its own tiles; causal, an offset and a mask.
+    by diagonals: 64 wide for dQ's tiles, 128 for the others) come from its
+    own tiles, which differ in every size; causal, an offset and a mask.
     """
     data = np.random.default_rng(12)
     q, k, v = (_tensor(data.standard_normal(s), torch.float64)
@@ -134,7 +135,7 @@ def test_the_two_backward_kernels_walk_their_own_tiles(scheme):
     if scheme == "plain":
         kwargs["bias"] = _tensor(data.standard_normal((2, 50, 70)), torch.float64)
     args = (q, k, v, *tables)
-    got = _run(scheme, args, kwargs, backward_tiles=((16, 32), (32, 16), 4))
+    got = _run(scheme, args, kwargs, backward_tiles=((16, 32), (32, 64), 4))
     _assert_gradients(got, _spec(scheme, args, kwargs), "float64")
 
 

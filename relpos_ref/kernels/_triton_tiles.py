@@ -52,8 +52,8 @@ def allowed_pairs(inside, offs_n, local_m, local_n, lead, mask_rows, smn,
     j0`` a scalar: the tile's indices enter the test, not the program's
     (built for sm_90, a causal test of the keys' indices against the
     queries' had the compiler carry their ``(BM, BN)`` broadcasts from one
-    key tile to the next, in three layouts: the float16 bias variant spilled
-    84 bytes so, none now). ``mask_rows`` points at the mask's entry
+    key tile to the next, in three layouts: the float16 causal bias variant
+    spilled 84 bytes so, none now). ``mask_rows`` points at the mask's entry
     ``(i, 0)`` of each of the tile's queries (``(BM, 1)``); ``smn`` is its
     stride along the keys.
     """

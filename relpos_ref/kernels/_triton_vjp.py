@@ -47,6 +47,7 @@ __all__ = ["BACKWARD_TILES", "Backward", "backward_arguments", "covers", "form_g
 BACKWARD_TILES = {2: ((64, 32), (32, 64), 8), 4: ((16, 64), (16, 32), 8),
                   8: ((16, 32), (16, 32), 4)}
 
+
 def covers(form: DistanceForm) -> bool:
     """Whether the backward kernels take the form: no window terms, at most two gathered ones."""
     return (not form.key_terms and not form.values
