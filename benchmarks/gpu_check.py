@@ -18,9 +18,9 @@ keeps what it measured):
    kernels) against their forward passes, float16 and float32;
 4. ``tiles``: bias (with and without a mask), Shaw and DeBERTa under other tiles,
    warps and pipeline stages, to choose the defaults
-   (`relpos_ref.kernels._triton_launch.TILES`), and the bias's VJP under
+   (`relpos_ref.kernels._triton_tiling.TILES`), and the bias's VJP under
    other tiles of the backward kernels
-   (`relpos_ref.kernels._triton_vjp.BACKWARD_TILES`); bias, T5 and the bias's VJP
+   (`relpos_ref.kernels._triton_tiling.BACKWARD_TILES`); bias, T5 and the bias's VJP
    with the tiles past a bias's ends reading one entry per query, and without
    (`relpos_ref.kernels._triton_launch.ENDS_ITEMSIZES`);
 5. ``blocked``: `relpos_ref.blocked_attention` at ``--t-blocked`` (262144),
@@ -285,12 +285,12 @@ def _timed_row(row: dict[str, Any], call: Callable[[], Any], repeat: int) -> dic
 def tiles(args) -> list[dict[str, Any]]:
     from unittest import mock
 
-    from relpos_ref.kernels import _triton_launch, _triton_vjp
+    from relpos_ref.kernels import _triton_launch, _triton_tiling
     from relpos_ref.kernels import triton as kt
 
     found = []
     grid = {("float16", "bias"): [(64, 64, 4, s) for s in (2, 3, 4)] + [(128, 64, 8, 3)],
-            # the 16-bit window variants: their defaults (`_triton_launch.TILES`: the largest
+            # the 16-bit window variants: their defaults (`_triton_tiling.TILES`: the largest
             # tiles whose builds spill nothing; Shaw's 32 queries do not use wgmma) against
             # 64 x 64 and 8 warps (Shaw spilled 40 to 56 bytes there, DeBERTa 0 to 8, triton 3.9), 4
             # warps, and the tiles of 32 the H200 chose while triton 3.6 could not pipeline 64
@@ -311,13 +311,13 @@ def tiles(args) -> list[dict[str, Any]]:
             if kind != dtype:
                 continue
             for bm, bn, warps, stages in configs:
-                tile = dict.fromkeys(_triton_launch.TILES, (bm, bn, warps))
+                tile = dict.fromkeys(_triton_tiling.TILES, (bm, bn, warps))
                 row = {"dtype": dtype, "scheme": scheme, "tile": [bm, bn], "warps": warps,
                        "stages": stages, "precision": kt.PRECISION}
-                with mock.patch.dict(_triton_launch.TILES, tile), \
+                with mock.patch.dict(_triton_tiling.TILES, tile), \
                         mock.patch.object(_triton_launch, "STAGES", stages):
                     found.append(_timed_row(row, calls[scheme], args.repeat))
-        # the backward kernels' tiles (`_triton_vjp.BACKWARD_TILES`: the largest whose builds
+        # the backward kernels' tiles (`_triton_tiling.BACKWARD_TILES`: the largest whose builds
         # spill nothing) against 64 x 64 for both kernels (dQ spilled up to 240 bytes in 16-bit,
         # dK/dV 1.3 to 1.7 KB in float32) and the tiles of the tutorial's FlashAttention-2
         backward = {"float16": [((64, 32), (32, 64), 8), ((64, 64), (64, 64), 8),
@@ -327,8 +327,8 @@ def tiles(args) -> list[dict[str, Any]]:
         for choice in backward[dtype]:
             row = {"dtype": dtype, "scheme": "bias vjp", "backward_tiles": choice,
                    "precision": kt.PRECISION}
-            with mock.patch.dict(_triton_vjp.BACKWARD_TILES,
-                                 dict.fromkeys(_triton_vjp.BACKWARD_TILES, choice)):
+            with mock.patch.dict(_triton_tiling.BACKWARD_TILES,
+                                 dict.fromkeys(_triton_tiling.BACKWARD_TILES, choice)):
                 found.append(_timed_row(row, calls["bias vjp"], args.repeat))
         # tiles wholly past a bias's ends read one entry per query (`ENDS_ITEMSIZES`, 16-bit
         # by default): each call with that path on for every width, and off

@@ -43,6 +43,7 @@ MODULES = [
     "relpos_ref.kernels._numpy_forgetting",
     "relpos_ref.kernels._fire_vjp",
     "relpos_ref.kernels._triton_variants",
+    "relpos_ref.kernels._triton_tiling",
     "relpos_ref.kernels._numpy_blocks",
     "relpos_ref.cli_show",
     "relpos_ref.backends",

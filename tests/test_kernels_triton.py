@@ -29,7 +29,7 @@ from relpos_ref import catalog, kernels
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 kt = pytest.importorskip("relpos_ref.kernels.triton")
-from relpos_ref.kernels import _triton_launch  # noqa: E402
+from relpos_ref.kernels import _triton_launch, _triton_tiling  # noqa: E402
 from relpos_ref.kernels._triton_forward import attention_forward  # noqa: E402
 from relpos_ref.lowering import lower  # noqa: E402
 
@@ -62,7 +62,7 @@ def _small_tiles():
     as 16-bit calls do, so that float64 proves that path exactly.
     """
     every = frozenset({2, 4, 8})
-    with mock.patch.dict(_triton_launch.TILES, dict.fromkeys(_triton_launch.TILES, (16, 16, 4))), \
+    with mock.patch.dict(_triton_tiling.TILES, dict.fromkeys(_triton_tiling.TILES, (16, 16, 4))), \
             mock.patch.object(_triton_launch, "ENDS_ITEMSIZES", every):
         yield
 

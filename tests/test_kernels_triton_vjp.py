@@ -32,7 +32,7 @@ from test_kernels_vjp import vjp_calls
 
 import relpos_ref as rp
 from relpos_ref import catalog, kernels
-from relpos_ref.kernels import _triton_vjp
+from relpos_ref.kernels import _triton_tiling, _triton_vjp
 from relpos_ref.lowering import lower
 
 TOL = {"float64": (1e-9, 1e-11), "float32": (2e-4, 2e-5), "float16": (2e-2, 1e-2),
@@ -50,8 +50,8 @@ def _spec(scheme, args, kwargs):
 
 def _run(scheme, args, kwargs, backward_tiles=((16, 16), (16, 16), 4)):
     context = kt.interpreted() if INTERPRETED else mock.patch.dict({})
-    tiles = dict.fromkeys(_triton_vjp.BACKWARD_TILES, backward_tiles)
-    with context, _small_tiles(), mock.patch.dict(_triton_vjp.BACKWARD_TILES, tiles):
+    tiles = dict.fromkeys(_triton_tiling.BACKWARD_TILES, backward_tiles)
+    with context, _small_tiles(), mock.patch.dict(_triton_tiling.BACKWARD_TILES, tiles):
         return kt.VJP_KERNELS[scheme](*args, **kwargs)
 
 

@@ -116,7 +116,7 @@ def test_every_scheme_has_its_variants_lowered():
 def test_a_forms_window_terms_choose_its_tiles():
     import torch
 
-    from relpos_ref.kernels._triton_launch import TILES, tile_sizes, window_kind
+    from relpos_ref.kernels._triton_tiling import TILES, tile_sizes, window_kind
     from relpos_ref.kernels._triton_variants import _typical
     from relpos_ref.lowering import lower
 

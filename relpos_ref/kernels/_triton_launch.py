@@ -22,27 +22,12 @@ from typing import Any, NamedTuple
 
 from .. import _xp
 from ..lowering import DistanceForm, bias_by_difference
+from ._triton_tiling import _itemsize, _power_of_two, tile_sizes
 
-__all__ = [
-    "TILES", "Launch", "fits", "forward_arguments", "launch_forward", "run", "tile_sizes",
-    "window_kind",
-]
+__all__ = ["Launch", "fits", "forward_arguments", "launch_forward", "run"]
 
 #: Largest feature widths the kernel takes (padded to a power of two, at least 16).
 MAX_WIDTH = 256
-
-#: ``(queries, keys, warps)`` of a program by the call's window terms (`window_kind`) and the
-#: bytes of its operands (2: float16 and bfloat16, 4, 8). Without window terms: chosen on an
-#: H200 (benchmarks/gpu_check.py's ``tiles``). With them: the largest whose builds for sm_90
-#: spill nothing, triton 3.9 and 3.6, not yet timed (at 64 x 64, 16-bit Shaw spilled 40 to 56
-#: bytes; float32 DeBERTa 128 to 220 at 32 x 16 and 16 x 32, triton 3.6). Shaw's 16-bit tiles
-#: of 32 queries do not use Hopper's warp-group products (``wgmma``); those of 64 do.
-TILES = {
-    (None, 2): (64, 64, 4), (None, 4): (128, 64, 8), (None, 8): (32, 32, 4),
-    ("terms", 2): (64, 64, 8), ("terms", 4): (32, 32, 8), ("terms", 8): (32, 32, 8),
-    ("both", 2): (64, 32, 8), ("both", 4): (16, 16, 2), ("both", 8): (16, 32, 8),
-    ("values", 2): (32, 64, 8), ("values", 4): (32, 16, 8), ("values", 8): (32, 16, 8),
-}
 
 #: The operand widths (bytes) whose calls read one entry per query in a tile wholly past the
 #: ends of the gathered terms' maps (``G_ENDS``). 16-bit only: built for sm_90 (triton 3.6
@@ -51,31 +36,6 @@ TILES = {
 ENDS_ITEMSIZES = frozenset({2})
 
 _STREAM_LOCK = threading.Lock()
-
-
-def _power_of_two(n: int) -> int:
-    return max(16, 1 << (max(n, 1) - 1).bit_length())
-
-
-def window_kind(form: DistanceForm) -> str | None:
-    """The window terms a form has, which set its tiles (`TILES`): the registers grow with them.
-
-    ``"values"``: relative values (Shaw, Music); ``"both"``: terms by
-    distance on the queries' and the keys' side (DeBERTa); ``"terms"``: on
-    one side (general, Transformer-XL); ``None``: no window term.
-    """
-    if any(t.index.by_distance for t in form.values):
-        return "values"
-    sides = (any(t.index.by_distance for t in form.query_terms),
-             any(t.index.by_distance for t in form.key_terms))
-    return "both" if all(sides) else "terms" if any(sides) else None
-
-
-def tile_sizes(form: DistanceForm) -> tuple[int, int, int, int]:
-    """``(BM, BN, BW, warps)``: queries and keys per tile, the window of their distances, warps."""
-    kind = window_kind(form)
-    bm, bn, warps = TILES[kind, min(8, max(2, _itemsize(form.v)))]
-    return bm, bn, _power_of_two(bm + bn - 1) if kind else 16, warps
 
 
 #: Software-pipelining stages of the key loop; ``None``: Triton's default for the GPU, or
@@ -106,10 +66,6 @@ def build_failure(exc: BaseException) -> bool:
     from triton.runtime.errors import OutOfResources
 
     return isinstance(exc, (CompilationError, OutOfResources)) or "PassManager" in str(exc)
-
-
-def _itemsize(x: Any) -> int:
-    return int(x.itemsize) if hasattr(x, "itemsize") else x.element_size()
 
 
 def fits(form: DistanceForm) -> bool:

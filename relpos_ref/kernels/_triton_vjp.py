@@ -29,24 +29,13 @@ from ._triton_launch import (
     Launch,
     _gathered_tail,
     _leading,
-    _power_of_two,
     launch_forward,
     run,
     triton_cdiv,
 )
+from ._triton_tiling import _power_of_two, backward_tile_sizes
 
-__all__ = ["BACKWARD_TILES", "Backward", "backward_arguments", "covers", "form_gradients"]
-
-#: ``((queries, keys) of the dQ kernel, (queries, keys) of the dK/dV kernel, warps)`` by the bytes
-#: of an operand. Chosen by their builds for sm_90 as the largest tiles at which no variant
-#: spills (triton 3.9; 16-bit, triton 3.6 too), not yet timed on a GPU: 16-bit, the dQ kernel's
-#: 64 queries walk the keys 32 at a time and the dK/dV kernel's 64 keys the queries 32 at a
-#: time (at 64 x 64 for both, dQ spilled up to 240 bytes); float32's products in three tf32
-#: parts need more registers, so its tiles are smaller (at 64 x 64, dK/dV spilled 1.3 to 1.7
-#: KB, and 400 to 700 bytes at 32 x 32 with 4 warps), and float64's (36 to 252 bytes at 32 x 32).
-BACKWARD_TILES = {2: ((64, 32), (32, 64), 8), 4: ((16, 64), (16, 32), 8),
-                  8: ((16, 32), (16, 32), 4)}
-
+__all__ = ["Backward", "backward_arguments", "covers", "form_gradients"]
 
 def covers(form: DistanceForm) -> bool:
     """Whether the backward kernels take the form: no window terms, at most two gathered ones."""
@@ -103,7 +92,7 @@ def backward_arguments(form: DistanceForm, launch: Launch, d_output: Any) -> Bac
         extra.update({f"DG{slot}": dq, f"e{slot}a": 0, f"e{slot}b": 0, f"e{slot}h": 0,
                       f"e{slot}m": 0, f"e{slot}c": 0})
         rows_shared.append(False)
-    (bm, bn), (bm_keys, bn_keys), warps = BACKWARD_TILES[min(8, max(2, _itemsize(form.v)))]
+    (bm, bn), (bm_keys, bn_keys), warps = backward_tile_sizes(form)
     values = {**named, **extra}
     shared = {n: constants[n] for n in ("D", "DV", "BD", "BDV", "CAUSAL", "HAS_MASK", "NG",
                                         "G1_COORDS", "G2_COORDS", "G_ENDS", "DOT", "PRECISION",
@@ -150,5 +139,3 @@ _CONSTANT_NAMES = frozenset({
 })
 
 
-def _itemsize(x: Any) -> int:
-    return int(x.itemsize) if hasattr(x, "itemsize") else x.element_size()
